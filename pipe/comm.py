@@ -1,0 +1,168 @@
+"""The wire: moving tensors between ranks.
+
+Two backends with one small interface (`send`, `recv`, `all_reduce`):
+
+* `MindSporeWire` (GPU, Ascend): `ops.Send` / `ops.Receive` / `ops.AllReduce` over NCCL or
+  HCCL, started by `msrun`.
+* `MpiWire` (CPU, where MindSpore has no Send/Receive kernels): mpi4py, started by `mpiexec`.
+  Sends are synchronous (`Issend`): they complete only once the receiver has posted the
+  matching receive, as NCCL's do, so a message order that could hang on GPUs hangs on CPU
+  too, and every wait has a deadline instead of blocking forever.
+
+`PointToPoint` names the messages by direction (`send_forward`, `recv_backward`, ...) the
+way the schedule's actions do.
+"""
+import time
+
+import numpy as np
+import mindspore as ms
+
+__all__ = ["connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint", "WireTimeout"]
+
+
+_NUMPY = {ms.float32: np.float32, ms.float16: np.float16, ms.float64: np.float64,
+          ms.int32: np.int32, ms.int64: np.int64}
+
+
+class WireTimeout(RuntimeError):
+    """A send, receive or all-reduce saw no progress for `timeout` seconds."""
+
+
+class SoloWire:
+    """One process, nothing to talk to: all-reduce over a group of one is the identity."""
+
+    rank, size = 0, 1
+
+    def all_reduce(self, tensor, ranks):
+        return tensor
+
+
+class MpiWire:
+    """mpi4py on CPU. Tensors travel as numpy arrays; waits poll so they can time out."""
+
+    def __init__(self, timeout):
+        from mpi4py import MPI
+        self.MPI, self.world = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
+        self.timeout = timeout
+        self.groups = {}
+
+    def _wait(self, request, what):
+        deadline = time.monotonic() + self.timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                request.Cancel()
+                raise WireTimeout(f"rank {self.rank}: no progress for {self.timeout:g} s while "
+                                  f"waiting to {what}")
+            time.sleep(20e-6)
+
+    def send(self, tensor, dst, tag):
+        data = np.ascontiguousarray(tensor.asnumpy())
+        self._wait(self.world.Issend(data, dest=dst, tag=tag), f"send (tag {tag}) to rank {dst}")
+
+    def recv(self, shape, dtype, src, tag):
+        data = np.empty(shape, _NUMPY[dtype])
+        self._wait(self.world.Irecv(data, source=src, tag=tag), f"receive (tag {tag}) from rank {src}")
+        return ms.Tensor(data)
+
+    def _group(self, ranks):
+        if ranks not in self.groups:
+            self.groups[ranks] = self.world.Create_group(self.world.Get_group().Incl(list(ranks)))
+        return self.groups[ranks]
+
+    def all_reduce(self, tensor, ranks):
+        """Sum over `ranks` (a tuple containing this rank)."""
+        if len(ranks) == 1:
+            return tensor
+        data = np.ascontiguousarray(tensor.asnumpy())
+        out = np.empty_like(data)
+        request = self._group(ranks).Iallreduce(data, out, op=self.MPI.SUM)
+        self._wait(request, f"all-reduce over ranks {list(ranks)}")
+        return ms.Tensor(out)
+
+
+class MindSporeWire:
+    """MindSpore's communication operators over NCCL (GPU) or HCCL (Ascend), PyNative."""
+
+    def __init__(self):
+        from mindspore.communication import GlobalComm, get_group_size, get_rank, init
+        init()
+        # Read after init(): the operators' default group was bound at import time to HCCL's name.
+        self.world = GlobalComm.WORLD_COMM_GROUP
+        self.rank, self.size = get_rank(), get_group_size()
+        self.ops = {}
+
+    def _op(self, key, make):
+        if key not in self.ops:
+            self.ops[key] = make()
+        return self.ops[key]
+
+    def send(self, tensor, dst, tag):
+        self._op(("send", dst, tag), lambda: ms.ops.Send(tag, dst, group=self.world))(tensor)
+
+    def recv(self, shape, dtype, src, tag):
+        return self._op(("recv", src, tag, tuple(shape), dtype), lambda: ms.ops.Receive(
+            tag, src, list(shape), dtype, group=self.world))()
+
+    def all_reduce(self, tensor, ranks):
+        if len(ranks) == 1:
+            return tensor
+        return self._op(("all_reduce", ranks), lambda: ms.ops.AllReduce(
+            group=self._group(ranks)))(tensor)
+
+    def _group(self, ranks):
+        if len(ranks) == self.size:
+            return self.world
+        from mindspore.communication import create_group
+        name = "ranks_" + "_".join(map(str, ranks))
+        create_group(name, list(ranks))
+        return name
+
+
+def connect(device, timeout):
+    """The wire for this process. `device` is MindSpore's device target.
+
+    On CPU, mpi4py decides the world (one process without `mpiexec`). On GPU/Ascend a
+    multi-process run is one started by `msrun`, which sets MS_WORKER_NUM.
+    """
+    import os
+    if device == "CPU":
+        wire = MpiWire(timeout)
+        return wire if wire.size > 1 else SoloWire()
+    if int(os.environ.get("MS_WORKER_NUM", "1")) > 1:
+        return MindSporeWire()
+    return SoloWire()
+
+
+class PointToPoint:
+    """The four pipeline messages of one rank, named by direction.
+
+    `shapes[vs]` is the (shape, dtype) of the activation entering virtual stage vs, which is
+    also the shape of the gradient that virtual stage vs-1 receives back.
+    """
+
+    def __init__(self, wire, schedule, pipeline_ranks, rank_in_pipeline, shapes):
+        self.wire, self.schedule, self.shapes = wire, schedule, shapes
+        self.ranks, self.me = pipeline_ranks, rank_in_pipeline
+
+    def _tag(self, kind, mb, receiving_vs):
+        return (mb * self.schedule.virtual_stages + receiving_vs) * 2 + (kind == "B")
+
+    def _vs(self, action):
+        return self.schedule.virtual_stage(self.me, action.chunk)
+
+    def send_forward(self, tensor, action):
+        self.wire.send(tensor, self.ranks[action.peer], self._tag("F", action.mb, self._vs(action) + 1))
+
+    def recv_forward(self, action):
+        vs = self._vs(action)
+        shape, dtype = self.shapes[vs]
+        return self.wire.recv(shape, dtype, self.ranks[action.peer], self._tag("F", action.mb, vs))
+
+    def send_backward(self, tensor, action):
+        self.wire.send(tensor, self.ranks[action.peer], self._tag("B", action.mb, self._vs(action) - 1))
+
+    def recv_backward(self, action):
+        vs = self._vs(action)
+        shape, dtype = self.shapes[vs + 1]
+        return self.wire.recv(shape, dtype, self.ranks[action.peer], self._tag("B", action.mb, vs))

@@ -1,0 +1,73 @@
+"""Splitting an `nn.SequentialCell` into contiguous pipeline stages."""
+from functools import lru_cache
+
+from mindspore import nn
+
+__all__ = ["partition", "balance", "stage_bounds"]
+
+
+def balance(costs, stages):
+    """Sizes of `stages` contiguous groups of `costs` that minimise the costliest group.
+
+    Exact dynamic programme over split points (the "linear partition" problem), small
+    enough for any model depth: O(layers^2 x stages). Ties go to the earlier split.
+    """
+    costs = list(costs)
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    @lru_cache(maxsize=None)
+    def best(start, groups):
+        """(max group cost, sizes) for costs[start:] cut into `groups` groups."""
+        if groups == 1:
+            return prefix[-1] - prefix[start], (len(costs) - start,)
+        options = []
+        for end in range(start + 1, len(costs) - groups + 2):
+            rest_cost, rest_sizes = best(end, groups - 1)
+            options.append((max(prefix[end] - prefix[start], rest_cost), (end - start,) + rest_sizes))
+        return min(options, key=lambda o: o[0])
+
+    return list(best(0, stages)[1])
+
+
+def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
+    """[(first, last + 1)] layer indices per stage.
+
+    method: "uniform" (equal layer counts, the extra layers go to the first stages),
+    "parameters" (balance the parameter count), or an explicit list of layer counts.
+    """
+    layers = len(model)
+    if stages > layers:
+        raise ValueError(f"cannot split {layers} layers into {stages} stages: every stage needs "
+                         f"at least one layer; use --stages {layers} or fewer, or a deeper model")
+    if isinstance(method, (list, tuple)):
+        sizes = [int(s) for s in method]
+        if len(sizes) != stages or sum(sizes) != layers or min(sizes) < 1:
+            raise ValueError(f"explicit partition {sizes} must have {stages} positive sizes "
+                             f"summing to the model's {layers} layers")
+    elif method == "uniform":
+        sizes = [layers // stages + (1 if s < layers % stages else 0) for s in range(stages)]
+    elif method == "parameters":
+        sizes = balance([sum(p.size for p in cell.get_parameters()) for cell in model], stages)
+    else:
+        raise ValueError(f"unknown partition method {method!r}: use 'uniform', 'parameters' "
+                         "or a list of layer counts per stage")
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform"):
+    """The layers of `stage`, and the names their parameters have in the whole `model`.
+
+    Names are taken from the unpartitioned model so that per-stage checkpoints merge
+    back into one that loads into it.
+    """
+    first, last = stage_bounds(model, stages, method)[stage]
+    names = {id(p): name for name, p in model.parameters_and_names()}
+    layers = [model[i] for i in range(first, last)]
+    params = [p for cell in layers for p in cell.trainable_params()]
+    return layers, [names[id(p)] for p in params]

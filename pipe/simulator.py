@@ -1,0 +1,109 @@
+"""Replaying a schedule with blocking send/receive semantics, without any device.
+
+Every rank walks its action list. A compute action takes its cost in time; a send and its
+receive complete together, only once both ranks have reached them (the strictest,
+synchronous semantics: NCCL-like, and MPI's Ssend). If no rank can move, the schedule
+would hang on real hardware: `Deadlock` names every rank and what it waits for.
+"""
+from dataclasses import dataclass
+
+from pipe.schedule import SCHEDULES, lower, message_key
+
+__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "checked_schedule"]
+
+
+class Deadlock(RuntimeError):
+    """The schedule cannot finish: `waiting[rank]` is the action each stuck rank is on."""
+
+    def __init__(self, schedule, position, reason):
+        self.waiting = {r: schedule.actions[r][i] for r, i in enumerate(position)
+                        if i < len(schedule.actions[r])}
+        lines = [f"schedule {schedule.name!r} (P={schedule.stages}, M={schedule.micro_batches}) "
+                 f"deadlocks: {reason}"]
+        for rank, action in self.waiting.items():
+            lines.append(f"  rank {rank} waits at step {position[rank]}: {action} "
+                         f"(peer rank {action.peer})")
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class Timeline:
+    """When each compute action ran: spans[rank] = [(start, end, Action), ...]."""
+
+    spans: list
+    makespan: float
+
+    def busy(self, rank):
+        return sum(end - start for start, end, _ in self.spans[rank])
+
+    @property
+    def bubble(self):
+        """Fraction of rank-time spent idle: 1 - busy / (ranks x makespan)."""
+        total = len(self.spans) * self.makespan
+        return 1 - sum(self.busy(r) for r in range(len(self.spans))) / total if total else 0.0
+
+
+def simulate(schedule, costs=None):
+    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default 1)."""
+    costs = {"F": 1.0, "B": 1.0, "W": 1.0, **(costs or {})}
+    acts = schedule.actions
+    ranks = len(acts)
+    position, clock = [0] * ranks, [0.0] * ranks
+    spans = [[] for _ in range(ranks)]
+
+    def head(rank):
+        return acts[rank][position[rank]] if position[rank] < len(acts[rank]) else None
+
+    while any(head(r) for r in range(ranks)):
+        moved = False
+        for rank in range(ranks):
+            action = head(rank)
+            while action is not None and action.is_compute:
+                start = clock[rank]
+                clock[rank] += costs[action.kind]
+                spans[rank].append((start, clock[rank], action))
+                position[rank] += 1
+                moved, action = True, head(rank)
+            if action is None:
+                continue
+            other = head(action.peer)
+            if other is None or other.is_compute or other.peer != rank:
+                continue
+            if action.kind[0] == other.kind[0]:
+                continue  # both send or both receive: wait, maybe forever
+            if message_key(schedule, rank, action) != message_key(schedule, action.peer, other):
+                raise Deadlock(schedule, position, f"rank {rank} and rank {action.peer} exchange "
+                               f"different messages ({action} vs {other}): a wire that keeps order "
+                               "would deliver the wrong tensor")
+            clock[rank] = clock[action.peer] = max(clock[rank], clock[action.peer])
+            position[rank] += 1
+            position[action.peer] += 1
+            moved = True
+        if not moved:
+            raise Deadlock(schedule, position, "no rank can make progress")
+    return Timeline(spans, max(clock))
+
+
+def format_table(schedule, timeline=None):
+    """The step x rank grid of compute actions ('.' = idle, the bubble), one unit per step
+    when every action costs 1 (the default timeline)."""
+    timeline = timeline or simulate(schedule)
+    steps = int(round(timeline.makespan))
+    grid = [["."] * len(timeline.spans) for _ in range(steps)]
+    for rank, spans in enumerate(timeline.spans):
+        for start, end, action in spans:
+            for t in range(int(round(start)), int(round(end))):
+                grid[t][rank] = str(action)
+    width = max(5, *(len(cell) for row in grid for cell in row))
+    header = "step " + " ".join(f"rank{r}".ljust(width) for r in range(len(timeline.spans)))
+    rows = [f"{t:<4} " + " ".join(cell.ljust(width) for cell in row) for t, row in enumerate(grid)]
+    return "\n".join(line.rstrip() for line in [header] + rows)
+
+
+def checked_schedule(name, stages, micro_batches):
+    """The named schedule with its messages, refused if the simulator finds a deadlock."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
+    schedule = lower(SCHEDULES[name](stages, micro_batches))
+    simulate(schedule)
+    return schedule

@@ -1,0 +1,141 @@
+"""One pipeline stage: compiled forward and backward over a slice of the model.
+
+A stage runs each micro-batch's forward once and keeps, for each layer, the input it saw:
+the same tensors autograd would keep. Its backward walks the layers in reverse and asks
+MindSpore for each layer's vector-Jacobian product at that saved input, all inside one
+compiled graph. Layers whose gradient needs no forward output (Dense: dX = dY W^T,
+dW = dY^T X) are not recomputed: their forward is dead code in the backward graph and the
+compiler drops it. So a stage runs forward + backward at ~3x the forward's cost, not the
+~4x of differentiating the whole stage again from its input.
+
+(`ms.jit` returns tensors, not a closure over the forward, and PyNative `ms.vjp` keeps
+one but runs op by op; see docs/benchmarks.md for the measurements behind this choice.)
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+__all__ = ["Stage", "leaves"]
+
+
+def leaves(cells):
+    """The innermost layers, in order: nested `SequentialCell`s are flattened so activations
+    are kept at the finest grain (a Dense and its ReLU separately)."""
+    out = []
+    for cell in cells:
+        out += leaves(list(cell.cells())) if isinstance(cell, nn.SequentialCell) else [cell]
+    return out
+
+
+class _Forward(nn.Cell):
+    """x -> (output, inputs of every layer). On the last stage the output is
+    (loss, d loss / d logits x scale): the loss gradient is cheap, and starting the
+    backward from it means the logits need not be kept."""
+
+    def __init__(self, layers, loss_fn=None):
+        super().__init__(auto_prefix=False)
+        self.layers = nn.CellList(layers)
+        self.loss_fn = loss_fn
+        if loss_fn is not None:
+            self.loss_and_grad = ms.value_and_grad(loss_fn, grad_position=0)
+
+    @ms.jit
+    def construct(self, x, labels, scale):
+        saved = ()
+        for layer in self.layers:
+            saved = saved + (x,)
+            x = layer(x)
+        if self.loss_fn is None:
+            return x, saved
+        loss, dlogits = self.loss_and_grad(x, labels)
+        return (loss, dlogits * scale), saved
+
+
+class _LayerGrad(nn.Cell):
+    """(x, dy) -> (dx, weight grads) for one layer. With `input_grad=False` dx is not needed
+    (the first layer of the model) and the compiler skips computing it."""
+
+    def __init__(self, layer, input_grad=True):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.weights = ms.ParameterTuple(layer.trainable_params())
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=input_grad, get_by_list=bool(self.weights),
+                                      sens_param=True)
+
+    def construct(self, x, dy):
+        if not self.weights:
+            return self.grad(self.layer)(x, dy)[0], ()
+        if not self.input_grad:
+            return dy, self.grad(self.layer, self.weights)(x, dy)
+        dx, dw = self.grad(self.layer, self.weights)(x, dy)
+        return dx[0], dw
+
+
+class _Backward(nn.Cell):
+    """(dy, grad accumulators, saved inputs) -> (dx, accumulators + this micro-batch's grads)."""
+
+    def __init__(self, layers, input_grad):
+        super().__init__(auto_prefix=False)
+        grads = [_LayerGrad(layer, input_grad or i > 0) for i, layer in enumerate(layers)]
+        self.reversed_grads = nn.CellList(grads[::-1])
+        self.count = len(layers)
+
+    @ms.jit
+    def construct(self, dy, accumulators, *saved):
+        grads = ()
+        i = self.count
+        for layer_grad in self.reversed_grads:  # saved inputs arrive as *args: MindSpore 2.10
+            i = i - 1                           # cannot differentiate at a tuple's element
+            dy, dw = layer_grad(saved[i], dy)
+            grads = dw + grads
+        summed = ()
+        for acc, g in zip(accumulators, grads):
+            summed = summed + (acc + g,)
+        return dy, summed
+
+
+class Stage:
+    """A slice of the model on this rank, with its in-flight activations and its gradients.
+
+    `forward(mb, x)` returns the activation for the next stage (on the last stage: the loss),
+    `backward(mb, dy)` the gradient for the previous stage, and accumulates weight gradients
+    over the micro-batches of a step, scaled so their sum is the step's mean gradient.
+    """
+
+    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
+        self.layers = leaves(layers)
+        self.params = [p for layer in self.layers for p in layer.trainable_params()]
+        self.is_last = loss_fn is not None
+        self._forward = _Forward(self.layers, loss_fn)
+        self._backward = _Backward(self.layers, input_grad=not is_first)
+        self._scale = ms.Tensor(grad_scale, ms.float32)
+        self._no_labels = ms.Tensor(0, ms.int32)
+        self.saved = {}        # micro-batch -> (inputs of every layer, gradient to start from)
+        self.grads = None      # accumulated weight gradients, in `params` order
+
+    def zero_grads(self):
+        self.grads = tuple(ops.zeros(p.shape, p.dtype) for p in self.params)
+
+    def forward(self, mb, x, labels=None):
+        out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale)
+        if self.is_last:
+            loss, dlogits = out
+            self.saved[mb] = (saved, dlogits)
+            return loss
+        self.saved[mb] = (saved, None)
+        return out
+
+    def backward(self, mb, dy=None):
+        saved, dlogits = self.saved.pop(mb)
+        dx, self.grads = self._backward(dlogits if self.is_last else dy, ms.mutable(self.grads), *saved)
+        return dx
+
+    @property
+    def in_flight(self):
+        return len(self.saved)
+
+    def probe(self, x, labels):
+        """Run the forward once on `x` (compiling it) without keeping anything; return the
+        (shape, dtype) this stage sends on, or None on the last stage."""
+        out, _ = self._forward(x, labels, self._scale)
+        return None if self.is_last else (tuple(out.shape), out.dtype)
