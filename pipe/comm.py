@@ -38,11 +38,12 @@ class SoloWire:
 
 
 class MpiWire:
-    """mpi4py on CPU. Tensors travel as numpy arrays; waits poll so they can time out."""
+    """mpi4py on CPU. Tensors travel as numpy arrays; waits poll so they can time out.
+    `communicator` (default: all processes) lets one launch host several pipelines."""
 
-    def __init__(self, timeout):
+    def __init__(self, timeout, communicator=None):
         from mpi4py import MPI
-        self.MPI, self.world = MPI, MPI.COMM_WORLD
+        self.MPI, self.world = MPI, communicator or MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.timeout = timeout
         self.groups = {}

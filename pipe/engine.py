@@ -35,7 +35,7 @@ class PipelineConfig:
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
 
-    def check(self, layers):
+    def check(self):
         """Every mistake that can be found without talking to another rank."""
         for name in ("stages", "data_parallel", "micro_batches", "batch_size"):
             value = getattr(self, name)
@@ -48,17 +48,13 @@ class PipelineConfig:
                 f"data-parallel replicas x {self.micro_batches} micro-batches: it must be a "
                 f"multiple of {per_step}; try --batch-size "
                 f"{max(per_step, self.batch_size // per_step * per_step)}")
-        if self.stages > layers:
-            raise ValueError(f"cannot split {layers} layers into {self.stages} stages: every "
-                             f"stage needs at least one layer; use --stages {layers} or fewer, "
-                             "or a deeper model")
 
 
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training."""
 
     def __init__(self, model, loss_fn, make_optimizer, config: PipelineConfig, wire=None):
-        config.check(len(model))
+        config.check()
         self.config = config
         self.topo = Topology(config.stages, config.data_parallel)
         self.wire = wire or connect(config.device, config.timeout)
@@ -66,8 +62,8 @@ class PipelineEngine:
         rank = self.wire.rank
         self.me, self.replica = self.topo.stage_of(rank), self.topo.replica_of(rank)
         self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches)
-        self.layers, self.param_names = partition(model, config.stages, self.me, config.partition)
         self.bounds = stage_bounds(model, config.stages, config.partition)
+        self.layers, self.param_names = partition(model, config.stages, self.me, config.partition)
         scale = 1.0 / (config.micro_batches * config.data_parallel)
         self.stage = Stage(self.layers, loss_fn if self.me == config.stages - 1 else None,
                            is_first=self.me == 0, grad_scale=scale)

@@ -52,8 +52,8 @@ def build_model(layers, hidden):
     return nn.SequentialCell(blocks)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def train(args, wire=None):
+    """Train as `args` say; returns the loss of every step. `wire` overrides the launcher's."""
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(device)
@@ -69,7 +69,7 @@ def main(argv=None):
     config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device)
-    engine = PipelineEngine(model, loss_fn, make_optimizer, config)
+    engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
     rank0 = engine.wire.rank == 0
     if rank0:
         print(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP, data: {args.data}, "
@@ -77,9 +77,11 @@ def main(argv=None):
 
     # ---- training loop ----------------------------------------------------------------
     stream = data.batches(train_x, train_y, args.batch_size, args.seed)
+    losses = []
     for step in range(1, args.steps + 1):
         images, labels = next(stream)
         loss = engine.train_step(images, labels)
+        losses.append(loss)
         if rank0 and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step:5d}  loss {loss:.6f}", flush=True)
 
@@ -87,6 +89,16 @@ def main(argv=None):
         engine.save(args.save)
         if rank0:
             print(f"saved {os.path.join(args.save, 'model.ckpt')}", flush=True)
+    return losses
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except ValueError as e:   # a usage mistake: say what to change, no traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,27 @@
+"""Usage mistakes fail on every rank, before any message, with the values and the fix."""
+import pytest
+
+from launch import run_example
+
+SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1"]
+
+
+@pytest.mark.parametrize("ranks,flags,message", [
+    (3, ["--stages", 2, "--dp", 2],
+     "error: the launcher started 3 processes but stages x data-parallel = 2 x 2 = 4: launch "
+     "with -n 4 (mpiexec) or --worker_num=4 (msrun), or change --stages/--dp so that their "
+     "product is 3"),
+    (4, ["--stages", 2, "--dp", 2, "--batch-size", 12, "--micro-batches", 4],
+     "error: batch size 12 cannot be split over 2 data-parallel replicas x 4 micro-batches: "
+     "it must be a multiple of 8; try --batch-size 8"),
+    (4, ["--stages", 4, "--layers", 2],
+     "error: cannot split 3 layers into 4 stages: every stage needs at least one layer; use "
+     "--stages 3 or fewer, or a deeper model"),
+    (2, ["--stages", 2, "--schedule", "pipedream"],
+     "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b"),
+])
+def test_mistake_fails_on_every_rank(ranks, flags, message):
+    done = run_example(ranks, *SMALL, *flags, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.count(message) == ranks   # ranks' lines may interleave
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,56 @@
+"""Splitting a SequentialCell into stages, and the rank grid."""
+import pytest
+from mindspore import nn
+
+from pipe.partition import balance, partition, stage_bounds
+from pipe.topology import Topology
+
+
+def mlp(widths):
+    return nn.SequentialCell([nn.Dense(a, b) for a, b in zip(widths, widths[1:])])
+
+
+def test_uniform_gives_extra_layers_to_the_first_stages():
+    assert stage_bounds(mlp([4] * 8), 3) == [(0, 3), (3, 5), (5, 7)]
+
+
+def test_parameters_balances_a_wide_first_layer():
+    model = mlp([1000, 10, 10, 10, 10])      # 10010, 110, 110, 110 parameters
+    assert stage_bounds(model, 2, "parameters") == [(0, 1), (1, 4)]
+
+
+def test_explicit_sizes():
+    assert stage_bounds(mlp([4] * 6), 2, [1, 4]) == [(0, 1), (1, 5)]
+    with pytest.raises(ValueError, match=r"explicit partition \[2, 2\] must have 2 positive sizes "
+                                         r"summing to the model's 5 layers"):
+        stage_bounds(mlp([4] * 6), 2, [2, 2])
+
+
+def test_more_stages_than_layers():
+    with pytest.raises(ValueError, match=r"cannot split 3 layers into 4 stages: every stage needs "
+                                         r"at least one layer; use --stages 3 or fewer"):
+        stage_bounds(mlp([4] * 4), 4)
+
+
+def test_balance_minimises_the_slowest_stage():
+    assert balance([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert balance([1, 1, 1, 1], 4) == [1, 1, 1, 1]
+    assert balance([3, 3, 2, 2, 2], 2) == [2, 3]
+
+
+def test_stage_keeps_whole_model_parameter_names():
+    model = nn.SequentialCell([nn.SequentialCell([nn.Dense(4, 4), nn.ReLU()]), nn.Dense(4, 2)])
+    layers, names = partition(model, 2, 1)
+    assert names == ["1.weight", "1.bias"]
+    assert partition(model, 2, 0)[1] == ["0.0.weight", "0.0.bias"]
+
+
+def test_topology_grid():
+    topo = Topology(stages=2, replicas=3)
+    assert [(topo.stage_of(r), topo.replica_of(r)) for r in range(6)] == \
+        [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    assert topo.pipeline_ranks(1) == (2, 3)
+    assert topo.data_parallel_ranks(1) == (1, 3, 5)
+    with pytest.raises(ValueError, match=r"the launcher started 4 processes but stages x "
+                                         r"data-parallel = 2 x 3 = 6: launch with -n 6"):
+        topo.check_world_size(4)

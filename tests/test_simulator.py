@@ -1,0 +1,56 @@
+"""The simulator replays blocking messages and names the ranks of a deadlock."""
+import pytest
+
+from pipe.schedule import Action, Schedule, SCHEDULES, lower
+from pipe.simulator import Deadlock, checked_schedule, simulate
+
+
+def test_receive_without_send_is_a_deadlock():
+    broken = Schedule("broken", 2, 1, [[Action("F", 0)], [Action("rF", 0, peer=0), Action("F", 0)]],
+                      lowered=True)
+    with pytest.raises(Deadlock) as err:
+        simulate(broken)
+    assert err.value.waiting == {1: Action("rF", 0, peer=0)}
+    assert "rank 1 waits at step 0: rF0 (peer rank 0)" in str(err.value)
+
+
+def test_both_neighbours_sending_first_is_a_deadlock():
+    """The classic blocking-send cycle: each rank sends before it receives."""
+    rank0 = [Action("F", 1), Action("sF", 1, peer=1), Action("rB", 0, peer=1), Action("B", 0)]
+    rank1 = [Action("B", 0), Action("sB", 0, peer=0), Action("rF", 1, peer=0), Action("F", 1)]
+    with pytest.raises(Deadlock) as err:
+        simulate(Schedule("cycle", 2, 2, [rank0, rank1], lowered=True))
+    assert sorted(err.value.waiting) == [0, 1]
+    assert "rank 0 waits at step 1: sF1 (peer rank 1)" in str(err.value)
+    assert "rank 1 waits at step 1: sB0 (peer rank 0)" in str(err.value)
+
+
+def test_messages_out_of_order_are_refused():
+    """NCCL delivers in order per pair: a receive of micro-batch 1 would get micro-batch 0."""
+    rank0 = [Action("F", 0), Action("F", 1), Action("sF", 0, peer=1), Action("sF", 1, peer=1)]
+    rank1 = [Action("rF", 1, peer=0), Action("rF", 0, peer=0), Action("F", 0), Action("F", 1)]
+    with pytest.raises(Deadlock, match="exchange different messages"):
+        simulate(Schedule("swapped", 2, 2, [rank0, rank1], lowered=True))
+
+
+def test_lowering_an_impossible_compute_order_fails():
+    """Stage 1 wants micro-batch 1 first, stage 0 sends 0 first and waits for its gradient."""
+    impossible = Schedule("impossible", 2, 2, [
+        [Action("F", 0), Action("B", 0), Action("F", 1), Action("B", 1)],
+        [Action("F", 1), Action("B", 1), Action("F", 0), Action("B", 0)]])
+    with pytest.raises(ValueError, match="can never complete"):
+        lower(impossible)
+
+
+def test_unknown_schedule_name():
+    with pytest.raises(ValueError, match=r"unknown schedule 'pipedream': choose one of gpipe, 1f1b"):
+        checked_schedule("pipedream", 2, 4)
+
+
+def test_costs_set_the_clock():
+    """P=2, M=2, B twice as costly as F: rank 0 waits for each gradient from rank 1."""
+    timeline = simulate(lower(SCHEDULES["1f1b"](2, 2)), costs={"F": 1, "B": 2})
+    spans = [[(start, end, str(a)) for start, end, a in rank] for rank in timeline.spans]
+    assert spans[0] == [(0, 1, "F0"), (1, 2, "F1"), (4, 6, "B0"), (7, 9, "B1")]
+    assert spans[1] == [(1, 2, "F0"), (2, 4, "B0"), (4, 5, "F1"), (5, 7, "B1")]
+    assert timeline.makespan == 9

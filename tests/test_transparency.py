@@ -1,0 +1,81 @@
+"""Pipelined training equals single-process training: same seed, same flags, same weights.
+
+The reference is the example run as one plain process. The pipelines are real processes
+started by mpiexec, all layouts in one launch (tests/mpi_worker.py), on the CPU wire.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from launch import load, run_example, run_many
+
+FLAGS = ["--layers", "3", "--hidden", "32", "--batch-size", "16", "--micro-batches", "4",
+         "--steps", "3", "--seed", "7"]
+SGD = ["--optimizer", "sgd", "--lr", "0.1"]
+# Adam divides by sqrt(second moment): a gradient at round-off level becomes a step of
+# about lr. A small lr keeps that within the tolerance below.
+ADAM = ["--optimizer", "adam", "--lr", "0.001"]
+LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
+SCHEDULES = ["gpipe", "1f1b"]
+
+
+def layout_flags(schedule, stages, dp):
+    return ["--schedule", schedule, "--stages", stages, "--dp", dp]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Saved weights of every configuration: the references first, then one launch for all
+    pipelines."""
+    root = tmp_path_factory.mktemp("transparency")
+    out = {}
+    for name, opt in (("single-sgd", SGD), ("single-adam", ADAM)):
+        done = run_example(1, *FLAGS, *opt, "--save", root / name)
+        assert done.returncode == 0, done.stderr[-3000:]
+    configs = [(p * d, FLAGS + SGD + layout_flags(s, p, d) + ["--save", root / f"{s}-{p}x{d}"])
+               for s in SCHEDULES for p, d in LAYOUTS]
+    configs.append((4, FLAGS + ADAM + layout_flags("1f1b", 2, 2) + ["--save", root / "adam-2x2"]))
+    configs.append((1, FLAGS + SGD + layout_flags("gpipe", 1, 1) + ["--save", root / "gpipe-1x1"]))
+    done = run_many(configs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for entry in os.listdir(root):
+        out[entry] = load(os.path.join(root, entry, "model.ckpt"))
+    return out
+
+
+def assert_same_weights(got, want):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("stages,dp", LAYOUTS)
+def test_pipeline_equals_single_process(runs, schedule, stages, dp):
+    assert_same_weights(runs[f"{schedule}-{stages}x{dp}"], runs["single-sgd"])
+
+
+def test_single_stage_schedules_agree(runs):
+    assert_same_weights(runs["gpipe-1x1"], runs["single-sgd"])
+
+
+def test_adam_pipeline_equals_single_process(runs):
+    assert_same_weights(runs["adam-2x2"], runs["single-adam"])
+
+
+def test_weights_moved(runs, tmp_path):
+    """Guards the test itself: training really changed the weights."""
+    initial = run_example(1, *FLAGS, *SGD, "--steps", 0, "--save", tmp_path)
+    assert initial.returncode == 0, initial.stderr[-3000:]
+    start = load(os.path.join(tmp_path, "model.ckpt"))
+    assert max(np.abs(runs["single-sgd"][k] - start[k]).max() for k in start) > 1e-3
+
+
+def test_every_rank_reports_the_same_loss():
+    """The CLI under mpiexec, end to end: 4 stages print the single process's losses."""
+    done = run_example(4, *FLAGS, *SGD, "--stages", 4, "--log-every", 1)
+    single = run_example(1, *FLAGS, *SGD, "--log-every", 1)
+    losses = [line for line in done.stdout.splitlines() if line.startswith("step")]
+    assert losses == [line for line in single.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 3
