@@ -7,7 +7,8 @@ Every rank builds the same full model (same seed), keeps its stage's layers, and
 list of schedule actions: F, B, and the sends/receives between them. The engine itself
 decides nothing about order; `pipe.schedule` does.
 """
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Union
 
 import mindspore as ms
@@ -17,11 +18,21 @@ from mindspore import ops
 from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
 from pipe.partition import partition, stage_bounds
+from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
 from pipe.stage import Stage
 from pipe.topology import Topology
 
 __all__ = ["PipelineConfig", "PipelineEngine"]
+
+
+@dataclass
+class _Batch:
+    """One step's micro-batches, and what the last stage produced from them."""
+    inputs: list
+    labels: list
+    training: bool
+    outputs: list = field(default_factory=list)   # losses (training) or model outputs
 
 
 @dataclass
@@ -68,62 +79,102 @@ class PipelineEngine:
         self.stage = Stage(self.layers, loss_fn if self.me == config.stages - 1 else None,
                            is_first=self.me == 0, grad_scale=scale)
         self.optimizer = make_optimizer(self.stage.params)
+        self.forward_only = lower(forward_only(config.stages, config.micro_batches))
         self.p2p = None                  # set by the shape handshake before the first step
-        self._inbox, self._outbox, self._losses = {}, {}, []
+        self.tracer = None               # a pipe.trace.Tracer records a timeline when set
+        self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, micro-batch)
         self._run = {"F": self._forward, "B": self._backward, "sF": self._send_forward,
                      "rF": self._recv_forward, "sB": self._send_backward, "rB": self._recv_backward}
 
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
-        inputs, labels = self._micro_batches(inputs, labels)
+        batch = self._micro_batches(inputs, labels, training=True)
         if self.p2p is None:
-            self._handshake(inputs[0], labels[0])
+            self._handshake(batch.inputs[0], batch.labels[0])
         self.stage.zero_grads()
-        self._losses = []
-        for action in self.schedule.actions[self.me]:   # forward / backward, with messages
-            self._run[action.kind](action, inputs, labels)
-        grads = self._all_reduce_grads(self.stage.grads)  # data-parallel replicas agree
-        self.optimizer(grads)                             # update
-        return self._step_loss()
+        self._execute(self.schedule, self.p2p, batch)          # forward / backward, messages
+        with self._span("all-reduce"):
+            grads = self._all_reduce_grads(self.stage.grads)   # replicas agree
+        with self._span("optimizer"):
+            self.optimizer(grads)                              # update
+        return self._step_loss(batch.outputs)
 
-    def _micro_batches(self, inputs, labels):
-        """This replica's rows of the global batch, cut into M micro-batches."""
-        if len(inputs) != self.config.batch_size or len(labels) != len(inputs):
+    def predict(self, inputs, broadcast=True):
+        """Forward-only pipeline over `inputs` (the whole batch, on every replica). Returns the
+        model's outputs as numpy on every rank, or only on the last stage when `broadcast` is
+        off (None elsewhere), like MindSpore's pipeline_result_broadcast."""
+        batch = self._micro_batches(inputs, np.zeros(len(inputs), np.int32), training=False)
+        if self.p2p is None:
+            self._handshake(batch.inputs[0], batch.labels[0])
+        rows = len(batch.inputs[0])
+        shapes = {vs: ((rows,) + shape[1:], dtype) for vs, (shape, dtype) in self.p2p.shapes.items()
+                  if shape is not None}
+        p2p = PointToPoint(self.wire, self.forward_only, self.p2p.ranks, self.me, shapes)
+        self._execute(self.forward_only, p2p, batch)
+        out = np.concatenate([o.asnumpy() for o in batch.outputs]) if self.stage.is_last else None
+        if not broadcast:
+            return out
+        if out is None:
+            shape, dtype = self.output_spec
+            out = ops.zeros((len(inputs),) + shape[1:], dtype)
+        return self.wire.all_reduce(ms.Tensor(out) if self.stage.is_last else out,
+                                    self.p2p.ranks).asnumpy()
+
+    def _execute(self, schedule, p2p, batch):
+        """Run this rank's actions in order. This loop is the whole runtime."""
+        self._p2p_now = p2p
+        for action in schedule.actions[self.me]:
+            with self._span(str(action)):
+                self._run[action.kind](action, batch)
+
+    def _span(self, name):
+        return self.tracer.span(name) if self.tracer else nullcontext()
+
+    def _micro_batches(self, inputs, labels, training):
+        """This replica's rows of the global batch (all rows when predicting), in M pieces."""
+        M, D = self.config.micro_batches, self.config.data_parallel
+        if training and (len(inputs) != self.config.batch_size or len(labels) != len(inputs)):
             raise ValueError(f"train_step got {len(inputs)} inputs and {len(labels)} labels; "
                              f"the configured global batch size is {self.config.batch_size}")
-        per_replica = self.config.batch_size // self.config.data_parallel
-        size = per_replica // self.config.micro_batches
-        start = self.replica * per_replica
-        cut = [slice(start + m * size, start + (m + 1) * size) for m in range(self.config.micro_batches)]
+        if not training and len(inputs) % M:
+            raise ValueError(f"predict got {len(inputs)} inputs, not divisible into {M} "
+                             f"micro-batches: pass a multiple of {M}")
+        rows = len(inputs) // D if training else len(inputs)
+        start, size = (self.replica * rows if training else 0), rows // M
+        cut = [slice(start + m * size, start + (m + 1) * size) for m in range(M)]
         as_tensor = lambda a: a if isinstance(a, ms.Tensor) else ms.Tensor(np.asarray(a))
-        return [as_tensor(inputs[c]) for c in cut], [as_tensor(labels[c]) for c in cut]
+        return _Batch([as_tensor(inputs[c]) for c in cut], [as_tensor(labels[c]) for c in cut],
+                      training, [])
 
-    def _forward(self, action, inputs, labels):
-        x = inputs[action.mb] if self.me == 0 else self._inbox.pop(("F", action.mb))
-        out = self.stage.forward(action.mb, x, labels[action.mb] if self.stage.is_last else None)
+    def _forward(self, action, batch):
+        x = batch.inputs[action.mb] if self.me == 0 else self._inbox.pop(("F", action.mb))
+        if not batch.training:
+            out = self.stage.infer(x)
+        else:
+            out = self.stage.forward(action.mb, x, batch.labels[action.mb])
         if self.stage.is_last:
-            self._losses.append(out)
+            batch.outputs.append(out)
         else:
             self._outbox[("F", action.mb)] = out
 
-    def _backward(self, action, inputs, labels):
+    def _backward(self, action, batch):
         dy = None if self.stage.is_last else self._inbox.pop(("B", action.mb))
         dx = self.stage.backward(action.mb, dy)
         if self.me > 0:
             self._outbox[("B", action.mb)] = dx
 
-    def _send_forward(self, action, *_):
-        self.p2p.send_forward(self._outbox.pop(("F", action.mb)), action)
+    def _send_forward(self, action, batch):
+        self._p2p_now.send_forward(self._outbox.pop(("F", action.mb)), action)
 
-    def _recv_forward(self, action, *_):
-        self._inbox[("F", action.mb)] = self.p2p.recv_forward(action)
+    def _recv_forward(self, action, batch):
+        self._inbox[("F", action.mb)] = self._p2p_now.recv_forward(action)
 
-    def _send_backward(self, action, *_):
-        self.p2p.send_backward(self._outbox.pop(("B", action.mb)), action)
+    def _send_backward(self, action, batch):
+        self._p2p_now.send_backward(self._outbox.pop(("B", action.mb)), action)
 
-    def _recv_backward(self, action, *_):
-        self._inbox[("B", action.mb)] = self.p2p.recv_backward(action)
+    def _recv_backward(self, action, batch):
+        self._inbox[("B", action.mb)] = self._p2p_now.recv_backward(action)
 
     def _all_reduce_grads(self, grads):
         """Sum this stage's gradients over the replicas, as one flat buffer (one message)."""
@@ -134,9 +185,9 @@ class PipelineEngine:
         sizes = [g.size for g in grads]
         return tuple(part.reshape(g.shape) for part, g in zip(ops.split(flat, sizes), grads))
 
-    def _step_loss(self):
+    def _step_loss(self, losses):
         """The last stages hold the loss; one world all-reduce gives it to every rank."""
-        mine = sum(float(l.asnumpy()) for l in self._losses) / self.config.micro_batches
+        mine = sum(float(l.asnumpy()) for l in losses) / self.config.micro_batches
         total = self.wire.all_reduce(ms.Tensor([mine], ms.float32), tuple(range(self.topo.world_size)))
         return float(total.asnumpy()[0]) / self.config.data_parallel
 
@@ -175,12 +226,18 @@ class PipelineEngine:
                          f"between layers {first - 1} and {first}: {str(e).strip().splitlines()[0]}")
         if not self.stage.is_last:
             self.wire.send(_write_header(None if error else spec_out), ranks[self.me + 1], _HANDSHAKE_TAG)
-        failed = np.zeros(self.topo.world_size, np.int32)
-        failed[self.wire.rank] = bool(error)
-        failed = self.wire.all_reduce(ms.Tensor(failed), tuple(range(self.topo.world_size))).asnumpy()
+        # One all-reduce tells every rank who failed, and the model's output shape (for predict).
+        world = self.topo.world_size
+        report = np.zeros(world + _HEADER, np.int32)
+        report[self.wire.rank] = bool(error)
+        if self.stage.is_last and self.replica == 0 and not error:
+            report[world:] = _write_header(spec_out).asnumpy() + 1   # +1: -1 pads sum to 0
+        report = self.wire.all_reduce(ms.Tensor(report), tuple(range(world))).asnumpy()
+        failed = report[:world]
         if failed.any():
             raise RuntimeError(error or f"the shape check failed on rank(s) "
                                f"{np.flatnonzero(failed).tolist()}: see their messages")
+        self.output_spec = _read_header(ms.Tensor(report[world:] - 1))
         shapes = {self.me: spec_in, self.me + 1: spec_out}
         self.p2p = PointToPoint(self.wire, self.schedule, ranks, self.me, shapes)
 

@@ -7,7 +7,7 @@ engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
 from dataclasses import dataclass, field
 
-__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "SCHEDULES", "lower", "message_key", "peak_in_flight"]
+__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "lower", "message_key", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
@@ -97,6 +97,12 @@ def one_f_one_b(stages, micro_batches):
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+def forward_only(stages, micro_batches):
+    """Inference: every stage runs every micro-batch's forward, in order (GPipe's first half)."""
+    F = [Action("F", m) for m in range(micro_batches)]
+    return Schedule("forward-only", stages, micro_batches, [list(F) for _ in range(stages)])
 
 
 def _messages(schedule, rank, action):

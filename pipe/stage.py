@@ -107,6 +107,7 @@ class Stage:
         self.params = [p for layer in self.layers for p in layer.trainable_params()]
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
+        self._infer = _Forward(self.layers)
         self._backward = _Backward(self.layers, input_grad=not is_first)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
@@ -134,8 +135,13 @@ class Stage:
     def in_flight(self):
         return len(self.saved)
 
+    def infer(self, x):
+        """Forward only, keeping nothing: the model's output on the last stage."""
+        return self._infer(x, self._no_labels, self._scale)[0]
+
     def probe(self, x, labels):
-        """Run the forward once on `x` (compiling it) without keeping anything; return the
-        (shape, dtype) this stage sends on, or None on the last stage."""
-        out, _ = self._forward(x, labels, self._scale)
-        return None if self.is_last else (tuple(out.shape), out.dtype)
+        """Run the training forward once on `x` (checking and compiling it), keeping nothing.
+        Returns the (shape, dtype) of this stage's output (the model's, on the last stage)."""
+        self._forward(x, labels, self._scale)
+        out = self.infer(x)
+        return tuple(out.shape), out.dtype

@@ -3,7 +3,7 @@ import pytest
 
 from launch import run_example
 
-SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1"]
+SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic"]
 
 
 @pytest.mark.parametrize("ranks,flags,message", [

