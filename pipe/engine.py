@@ -13,7 +13,7 @@ from typing import Union
 
 import mindspore as ms
 import numpy as np
-from mindspore import ops
+from mindspore import nn, ops
 
 from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
@@ -22,8 +22,21 @@ from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
 from pipe.stage import Stage
 from pipe.topology import Topology
+from pipe.trace import merge_traces
 
 __all__ = ["PipelineConfig", "PipelineEngine"]
+
+
+class _CompiledUpdate(nn.Cell):
+    """The optimizer step as one compiled graph: op by op it costs more than the backward."""
+
+    def __init__(self, optimizer):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+
+    @ms.jit
+    def construct(self, grads):
+        return self.optimizer(grads)
 
 
 @dataclass
@@ -79,6 +92,7 @@ class PipelineEngine:
         self.stage = Stage(self.layers, loss_fn if self.me == config.stages - 1 else None,
                            is_first=self.me == 0, grad_scale=scale)
         self.optimizer = make_optimizer(self.stage.params)
+        self._update = _CompiledUpdate(self.optimizer)
         self.forward_only = lower(forward_only(config.stages, config.micro_batches))
         self.p2p = None                  # set by the shape handshake before the first step
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
@@ -97,7 +111,7 @@ class PipelineEngine:
         with self._span("all-reduce"):
             grads = self._all_reduce_grads(self.stage.grads)   # replicas agree
         with self._span("optimizer"):
-            self.optimizer(grads)                              # update
+            self._update(ms.mutable(grads))                    # update
         return self._step_loss(batch.outputs)
 
     def predict(self, inputs, broadcast=True):
@@ -199,6 +213,14 @@ class PipelineEngine:
         self.barrier()
         if self.wire.rank == 0:
             checkpoint.merge(directory)
+        self.barrier()
+
+    def write_trace(self, path):
+        """Every rank writes its recorded spans; rank 0 merges them into `path`."""
+        self.tracer.write(f"{path}.rank{self.wire.rank}")
+        self.barrier()
+        if self.wire.rank == 0:
+            merge_traces([f"{path}.rank{r}" for r in range(self.topo.world_size)], path)
         self.barrier()
 
     def barrier(self):

@@ -43,13 +43,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_model(layers, hidden):
-    """784 -> layers x (Dense hidden + ReLU) -> Dense 10, as a SequentialCell of L+1 blocks."""
-    blocks, width = [], 784
+def build_model(layers, hidden, inputs=784, init="he_uniform"):
+    """inputs -> layers x (Dense hidden + ReLU) -> Dense 10: a SequentialCell of L+1 blocks.
+    `init` is nn.Dense's weight initializer; with the default, the weights are nn.Dense's."""
+    blocks, width = [], inputs
+    def dense(n_in, n_out):
+        return nn.Dense(n_in, n_out) if init == "he_uniform" else \
+            nn.Dense(n_in, n_out, weight_init=init, bias_init=init)
     for _ in range(layers):
-        blocks.append(nn.SequentialCell([nn.Dense(width, hidden), nn.ReLU()]))
+        blocks.append(nn.SequentialCell([dense(width, hidden), nn.ReLU()]))
         width = hidden
-    blocks.append(nn.Dense(width, 10))
+    blocks.append(dense(width, 10))
     return nn.SequentialCell(blocks)
 
 

@@ -1,0 +1,62 @@
+"""Draw a recorded pipeline trace as a Gantt chart: one row per rank, a box per action.
+
+    python docs/draw_pipeline.py TRACE.json -o docs/pipeline.png [--title TEXT]
+
+Forward boxes are blue, backward orange, weight-gradient green, sends/receives thin grey,
+the all-reduce and optimizer step purple; the micro-batch number is written in each box.
+White space between boxes is the bubble.
+"""
+import argparse
+import json
+import re
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"F": "#4c8bd6", "B": "#f0a030", "W": "#5bb55b", "all-reduce": "#9a6fc4", "optimizer": "#9a6fc4"}
+
+
+def load(path):
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    spans = [e for e in events if e["ph"] == "X"]
+    return names, spans
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace")
+    p.add_argument("-o", "--output", default="docs/pipeline.png")
+    p.add_argument("--title", default="")
+    args = p.parse_args(argv)
+    names, spans = load(args.trace)
+    t0 = min(e["ts"] for e in spans)
+    ranks = sorted(names)
+    fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.4))
+    for e in spans:
+        row = ranks.index(e["pid"])
+        start, width = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
+        compute = re.fullmatch(r"([FBW])(\d+)(?::\d+)?", e["name"])
+        kind = compute[1] if compute else e["name"]
+        if compute or kind in COLORS:
+            ax.barh(row, width, left=start, height=0.8, color=COLORS[kind], edgecolor="black", linewidth=0.4)
+            if compute:
+                ax.text(start + width / 2, row, compute[2], ha="center", va="center", fontsize=7)
+        else:  # a send or receive: how long the rank waited on the wire
+            ax.barh(row, width, left=start, height=0.25, color="#bbbbbb")
+    ax.set_yticks(range(len(ranks)), [names[r] for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(args.title or args.trace)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("#4c8bd6", "#f0a030", "#5bb55b", "#9a6fc4", "#bbbbbb")]
+    ax.legend(handles, ["forward", "backward", "weight grad", "all-reduce / optimizer", "send / recv"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=130)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Time one configuration of the MLP benchmark (run_mnist_benchmark.sh runs the sweep).
+
+    python examples/mnist/benchmark.py --layers 8 --hidden 1024 --batch-size 64
+    mpiexec -n 2 python examples/mnist/benchmark.py --stages 2 --schedule 1f1b ...
+    msrun --worker_num=2 ... examples/mnist/benchmark.py --stages 2 --impl builtin ...
+
+Every rank appends one JSON line (its step time and peak memory) to --results.
+Only the layers a rank runs get random weights; the rest stay zeros, which is quick to
+build and never touched by that rank. Step time is the median over --steps timed steps.
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+from mindspore.common.initializer import HeUniform, initializer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
+from train import build_model  # noqa: E402
+from pipe import PipelineConfig, PipelineEngine  # noqa: E402
+from pipe.partition import stage_bounds  # noqa: E402
+from pipe.trace import Tracer  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--impl", choices=["pipe", "builtin"], default="pipe")
+    p.add_argument("--stages", type=int, default=1)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--inputs", type=int, default=784, help="input width")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
+    p.add_argument("--results", default="benchmark.jsonl")
+    p.add_argument("--label", default="", help="names this run in the results")
+    p.add_argument("--trace", metavar="FILE", help="record one extra step as Chrome trace JSON")
+    return p.parse_args(argv)
+
+
+def own_random_weights(model, first, last, seed):
+    """Give layers first..last-1 real random weights (HeUniform, as nn.Dense would)."""
+    ms.set_seed(seed + first)
+    for i in range(first, last):
+        for p in model[i].trainable_params():
+            p.set_data(initializer(HeUniform() if p.ndim > 1 else "zeros", p.shape, p.dtype))
+
+
+def peak_memory(device):
+    if device == "CPU":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(ms.runtime.max_memory_allocated())
+
+
+def timed(step, steps, warmup):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
+    ms.set_device(device)
+    P, D = args.stages, args.dp
+    model = build_model(args.layers, args.hidden, args.inputs, init="zeros")
+    bounds = stage_bounds(model, P, "parameters")
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch_size, args.inputs)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch_size).astype(np.int32)
+
+    if args.impl == "builtin":
+        set_parallel_context(P, D)
+        if P * D > 1:
+            from mindspore.communication import get_rank, init
+            init()
+            rank = get_rank()
+        else:
+            rank = 0
+        stage, replica = rank // D, rank % D
+        own_random_weights(model, *bounds[stage], seed=0)
+        optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
+        step = builtin_train_step(model, loss_fn, optimizer, P, args.micro_batches, bounds)
+        rows = args.batch_size // D
+        xs, ys = ms.Tensor(x[replica * rows:(replica + 1) * rows]), ms.Tensor(y[replica * rows:(replica + 1) * rows])
+        seconds = timed(lambda: step(xs, ys).asnumpy(), args.steps, args.warmup)
+    else:
+        ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=bool(args.trace) and device == "CPU")
+        config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
+                                batch_size=args.batch_size, schedule=args.schedule,
+                                partition="parameters", device=device)
+        engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
+        rank, stage = engine.wire.rank, engine.me
+        own_random_weights(model, *bounds[stage], seed=0)
+        xs, ys = ms.Tensor(x), ms.Tensor(y)
+        seconds = timed(lambda: engine.train_step(xs, ys), args.steps, args.warmup)
+        if args.trace:
+            engine.tracer = Tracer(rank, f"rank {rank}: stage {stage}, replica {engine.replica}", device)
+            engine.train_step(xs, ys)
+            engine.write_trace(args.trace)
+
+    row = {"label": args.label, "impl": args.impl, "device": device, "stages": P, "dp": D,
+           "schedule": args.schedule if args.impl == "pipe" else "builtin",
+           "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
+           "batch_size": args.batch_size, "rank": rank, "stage": stage,
+           "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
+           "peak_memory_bytes": peak_memory(device)}
+    with open(args.results, "a") as f:   # one short line per rank: appends do not interleave
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

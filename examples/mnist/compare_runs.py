@@ -1,0 +1,35 @@
+"""Do two training runs agree? Compares saved weights and the per-step losses they logged.
+
+    python examples/mnist/compare_runs.py single/model.ckpt single.log pipe/model.ckpt pipe.log
+
+Exits non-zero unless every parameter matches to rtol 1e-4 and every logged loss to 1e-4.
+"""
+import re
+import sys
+
+import mindspore as ms
+import numpy as np
+
+
+def losses(log):
+    with open(log) as f:
+        return [float(m[2]) for m in re.finditer(r"step\s+(\d+)\s+loss ([0-9.]+)", f.read())]
+
+
+def main(ckpt_a, log_a, ckpt_b, log_b):
+    a, b = ms.load_checkpoint(ckpt_a), ms.load_checkpoint(ckpt_b)
+    assert sorted(a) == sorted(b), f"different parameters: {sorted(a)} vs {sorted(b)}"
+    worst = max(float(np.max(np.abs(a[k].asnumpy() - b[k].asnumpy()) / (np.abs(a[k].asnumpy()) + 1e-6)))
+                for k in a)
+    same = all(np.allclose(a[k].asnumpy(), b[k].asnumpy(), rtol=1e-4, atol=1e-6) for k in a)
+    la, lb = losses(log_a), losses(log_b)
+    curve = len(la) == len(lb) > 0 and np.allclose(la, lb, rtol=1e-4)
+    print(f"parameters: {len(a)}, all equal to rtol 1e-4: {same} (largest relative difference {worst:.2e})")
+    print(f"losses: {len(la)} vs {len(lb)} steps, equal step for step: {curve}")
+    for step, (x, y) in enumerate(zip(la, lb), 1):
+        print(f"  step {step:3d}  {x:.6f}  {y:.6f}")
+    sys.exit(0 if same and curve else 1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

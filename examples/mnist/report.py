@@ -1,0 +1,66 @@
+"""Turn the benchmark's JSON lines into one table (printed), plus CSV and JSON files.
+
+    python examples/mnist/report.py runs/benchmark/results.jsonl
+
+Per run: step time is the slowest rank's median, memory the peak per stage (over replicas).
+Speedup is over the single-device `pipe` run of the same model; efficiency divides it by
+the number of devices; the bound is the pipeline's m/(m+p-1) (data parallelism assumed free).
+"""
+import csv
+import json
+import sys
+from collections import defaultdict
+
+COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
+           "efficiency", "bound", "peak_mem_per_stage_GiB"]
+
+
+def summarize(lines):
+    runs = defaultdict(list)
+    for line in lines:
+        row = json.loads(line)
+        key = (row["layers"], row["hidden"], row["batch_size"], row["impl"], row["stages"],
+               row["dp"], row["schedule"], row["micro_batches"])
+        runs[key].append(row)
+    rows = []
+    for (layers, hidden, batch, impl, P, D, schedule, M), ranks in runs.items():
+        step = max(r["step_ms"] for r in ranks)
+        memory = defaultdict(int)
+        for r in ranks:
+            memory[r["stage"]] = max(memory[r["stage"]], r["peak_memory_bytes"])
+        rows.append({"model": f"{layers}x{hidden} b{batch}", "layout": f"{P}x{D}", "impl": impl,
+                     "schedule": schedule if P > 1 else "-", "M": M, "step_ms": step,
+                     "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
+                     "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory))})
+    for row in rows:
+        base = [r for r in rows if r["model"] == row["model"] and r["impl"] == "pipe" and r["devices"] == 1]
+        row["speedup"] = row["samples_per_s"] / base[0]["samples_per_s"] if base else float("nan")
+        row["efficiency"] = row["speedup"] / row["devices"]
+        row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] == "pipe" else float("nan")
+    rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], r["impl"] != "pipe", r["schedule"]))
+    return rows
+
+
+def format_table(rows):
+    def cell(value):
+        return f"{value:.2f}" if isinstance(value, float) else str(value)
+    table = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table)
+
+
+def main(path):
+    with open(path) as f:
+        rows = summarize(f)
+    print(format_table(rows))
+    stem = path.rsplit(".", 1)[0]
+    with open(stem + ".csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(stem + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# What pipeline parallelism buys on this machine: pipe's schedules on every layout that fits,
+# next to one device and to MindSpore's built-in pipeline, for a small and a compute-bound MLP.
+#
+#   ./run_mnist_benchmark.sh                       # the whole sweep
+#   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b
+#
+# Options: --model small|large|all  --layout PxD|all  --schedule NAME|all  --impl pipe|builtin|all
+#          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+# GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
+# (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
+    --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  DEVICE=GPU; FOUND=$(nvidia-smi -L | wc -l)
+else
+  DEVICE=CPU; FOUND=2
+fi
+DEVICES=${DEVICES:-$FOUND}
+OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+echo "device: $DEVICE x $DEVICES; results in $OUT"
+
+launch() {  # launch N ARGS...: one benchmark run on N processes
+  local n=$1; shift
+  if [ "$n" -eq 1 ]; then
+    python examples/mnist/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
+  elif [ "$DEVICE" = CPU ]; then
+    mpiexec -n "$n" python examples/mnist/benchmark.py --device CPU --results "$RESULTS" "$@"
+  else
+    msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
+      --log_dir="$OUT/logs" --join=True examples/mnist/benchmark.py --device "$DEVICE" \
+      --results "$RESULTS" "$@" > "$OUT/logs/last.out" 2>&1 || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
+  fi
+}
+
+wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
+
+for model in small large; do
+  wanted "$MODEL" "$model" || continue
+  if [ $model = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"
+  else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
+  echo "== $model MLP: $SIZE"
+  if wanted "$LAYOUT" 1x1; then
+    wanted "$IMPL" pipe && launch 1 $SIZE --stages 1 --micro-batches 1
+    wanted "$IMPL" builtin && launch 1 $SIZE --impl builtin --stages 1 --micro-batches 1
+  fi
+  for P in 1 2 4 8; do for D in 1 2 4 8; do
+    n=$((P * D))
+    [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
+    if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+    if [ $P -eq 1 ]; then
+      wanted "$IMPL" pipe && launch $n $SIZE --dp $D --micro-batches 1
+      continue
+    fi
+    for schedule in gpipe 1f1b; do
+      wanted "$SCHEDULE" $schedule && wanted "$IMPL" pipe || continue
+      extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
+      echo "  pipe ${P}x${D} $schedule M=$M"
+      launch $n $SIZE --stages $P --dp $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra
+    done
+    if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
+      echo "  builtin ${P}x${D} M=$M"
+      launch $n $SIZE --impl builtin --stages $P --dp $D --micro-batches $M --steps "$STEPS"
+    fi
+  done; done
+done
+python examples/mnist/report.py "$RESULTS"
