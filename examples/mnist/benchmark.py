@@ -80,6 +80,13 @@ def main(argv=None):
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_device(device)
     P, D = args.stages, args.dp
+    rank = 0
+    if args.impl == "builtin":           # the parallel context must precede the network
+        set_parallel_context(P, D)
+        if P * D > 1:
+            from mindspore.communication import get_rank, init
+            init()
+            rank = get_rank()
     model = build_model(args.layers, args.hidden, args.inputs, init="zeros")
     bounds = stage_bounds(model, P, "parameters")
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -88,13 +95,6 @@ def main(argv=None):
     y = rng.integers(0, 10, args.batch_size).astype(np.int32)
 
     if args.impl == "builtin":
-        set_parallel_context(P, D)
-        if P * D > 1:
-            from mindspore.communication import get_rank, init
-            init()
-            rank = get_rank()
-        else:
-            rank = 0
         stage, replica = rank // D, rank % D
         own_random_weights(model, *bounds[stage], seed=0)
         optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
