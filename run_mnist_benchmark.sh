@@ -31,7 +31,7 @@ else
 fi
 DEVICES=${DEVICES:-$FOUND}
 OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
@@ -57,6 +57,14 @@ for model in small large; do
   echo "== $model MLP: $SIZE"
   if wanted "$LAYOUT" 1x1; then
     wanted "$IMPL" pipe && launch 1 $SIZE --stages 1 --micro-batches 1
+    done_m=" "
+    for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
+      [ $P -le "$DEVICES" ] && wanted "$IMPL" pipe || continue
+      if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+      case "$done_m" in *" $M "*) continue ;; esac
+      done_m="$done_m$M "
+      launch 1 $SIZE --stages 1 --micro-batches $M
+    done
     wanted "$IMPL" builtin && launch 1 $SIZE --impl builtin --stages 1 --micro-batches 1
   fi
   for P in 1 2 4 8; do for D in 1 2 4 8; do

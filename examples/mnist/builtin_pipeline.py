@@ -30,7 +30,7 @@ def builtin_train_step(model, loss_fn, optimizer, stages, micro_batches, bounds)
             model[i].pipeline_stage = stage
     pipeline = nn.PipelineCell(net_with_loss, micro_batches)
     pipeline.set_train()
-    grad_fn = ops.value_and_grad(lambda x, y: pipeline(x, y), None, optimizer.parameters)
+    grad_fn = ops.value_and_grad(pipeline, None, optimizer.parameters)
     reducer = nn.PipelineGradReducer(optimizer.parameters)
 
     @ms.jit

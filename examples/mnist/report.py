@@ -3,8 +3,10 @@
     python examples/mnist/report.py runs/benchmark/results.jsonl
 
 Per run: step time is the slowest rank's median, memory the peak per stage (over replicas).
-Speedup is over the single-device `pipe` run of the same model; efficiency divides it by
-the number of devices; the bound is the pipeline's m/(m+p-1) (data parallelism assumed free).
+Speedup is over the single-device `pipe` run of the same model (one micro-batch: its
+fastest form); efficiency divides it by the number of devices. Pipeline efficiency compares
+with a single device running the same M micro-batches, so it isolates the schedule from the
+cost of micro-batching; the bound on it is m/(m+p-1) (data parallelism assumed free).
 """
 import csv
 import json
@@ -12,7 +14,7 @@ import sys
 from collections import defaultdict
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
-           "efficiency", "bound", "peak_mem_per_stage_GiB"]
+           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB"]
 
 
 def summarize(lines):
@@ -32,10 +34,14 @@ def summarize(lines):
                      "schedule": schedule if P > 1 else "-", "M": M, "step_ms": step,
                      "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory))})
+    def single(row, micro_batches):
+        found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == "pipe"
+                 and r["devices"] == 1 and r["M"] == micro_batches]
+        return found[0] if found else float("nan")
     for row in rows:
-        base = [r for r in rows if r["model"] == row["model"] and r["impl"] == "pipe" and r["devices"] == 1]
-        row["speedup"] = row["samples_per_s"] / base[0]["samples_per_s"] if base else float("nan")
+        row["speedup"] = row["samples_per_s"] / single(row, 1)
         row["efficiency"] = row["speedup"] / row["devices"]
+        row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"]) / row["devices"]
         row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] == "pipe" else float("nan")
     rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], r["impl"] != "pipe", r["schedule"]))
     return rows
