@@ -1,8 +1,10 @@
-"""pipe: pipeline-parallel training for MindSpore, small enough to read in one sitting."""
-from pipe.engine import PipelineConfig, PipelineEngine
-from pipe.schedule import SCHEDULES, Action, Schedule, lower
-from pipe.simulator import Deadlock, checked_schedule, format_table, simulate
-from pipe.topology import Topology
+"""pipe: pipeline-parallel training for MindSpore, small enough to read in one sitting.
 
-__all__ = ["PipelineConfig", "PipelineEngine", "SCHEDULES", "Action", "Schedule", "lower",
-           "Deadlock", "checked_schedule", "format_table", "simulate", "Topology"]
+Import what you need from the module that owns it (one idea per module):
+
+    from pipe.engine import PipelineConfig, PipelineEngine    # train_step, predict, save
+    from pipe.schedule import SCHEDULES, lower                 # schedules as data
+    from pipe.simulator import simulate, format_table          # check and time them
+
+(Nothing is imported here, so `python -m pipe.schedule` runs the module cleanly.)
+"""

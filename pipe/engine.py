@@ -17,6 +17,7 @@ from mindspore import nn, ops
 
 from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
+from pipe.handshake import handshake
 from pipe.partition import partition, stage_bounds
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
@@ -55,13 +56,14 @@ class PipelineConfig:
     micro_batches: int = 1               # M: micro-batches per replica per step
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
+    virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters" or layer counts per stage
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        for name in ("stages", "data_parallel", "micro_batches", "batch_size"):
+        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "virtual_stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -85,20 +87,31 @@ class PipelineEngine:
         self.topo.check_world_size(self.wire.size)
         rank = self.wire.rank
         self.me, self.replica = self.topo.stage_of(rank), self.topo.replica_of(rank)
-        self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches)
-        self.bounds = stage_bounds(model, config.stages, config.partition)
-        self.layers, self.param_names = partition(model, config.stages, self.me, config.partition)
+        v = config.virtual_stages
+        self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches, v)
+        V = self.schedule.virtual_stages
+        all_bounds = stage_bounds(model, V, config.partition)
         scale = 1.0 / (config.micro_batches * config.data_parallel)
-        self.stage = Stage(self.layers, loss_fn if self.me == config.stages - 1 else None,
-                           is_first=self.me == 0, grad_scale=scale)
-        self.optimizer = make_optimizer(self.stage.params)
+        self.chunks, self.bounds, self.param_names = [], [], []   # per model chunk of this rank
+        for c in range(v):
+            vs = self.schedule.virtual_stage(self.me, c)
+            layers, names = partition(model, V, vs, config.partition)
+            self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None,
+                                     is_first=vs == 0, grad_scale=scale))
+            self.bounds.append(all_bounds[vs])
+            self.param_names.append(names)
+        self.params = [p for chunk in self.chunks for p in chunk.params]
+        for p, name in zip(self.params, sum(self.param_names, [])):
+            p.name = name            # the stage's wrapper cells renamed it; optimizers want unique names
+        self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)
-        self.forward_only = lower(forward_only(config.stages, config.micro_batches))
+        self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
         self.p2p = None                  # set by the shape handshake before the first step
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
-        self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, micro-batch)
-        self._run = {"F": self._forward, "B": self._backward, "sF": self._send_forward,
-                     "rF": self._recv_forward, "sB": self._send_backward, "rB": self._recv_backward}
+        self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
+        self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
+                     "sF": self._send_forward, "rF": self._recv_forward,
+                     "sB": self._send_backward, "rB": self._recv_backward}
 
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
@@ -106,10 +119,11 @@ class PipelineEngine:
         batch = self._micro_batches(inputs, labels, training=True)
         if self.p2p is None:
             self._handshake(batch.inputs[0], batch.labels[0])
-        self.stage.zero_grads()
+        for chunk in self.chunks:
+            chunk.zero_grads()
         self._execute(self.schedule, self.p2p, batch)          # forward / backward, messages
         with self._span("all-reduce"):
-            grads = self._all_reduce_grads(self.stage.grads)   # replicas agree
+            grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
         return self._step_loss(batch.outputs)
@@ -122,18 +136,16 @@ class PipelineEngine:
         if self.p2p is None:
             self._handshake(batch.inputs[0], batch.labels[0])
         rows = len(batch.inputs[0])
-        shapes = {vs: ((rows,) + shape[1:], dtype) for vs, (shape, dtype) in self.p2p.shapes.items()
-                  if shape is not None}
+        shapes = {vs: ((rows,) + shape[1:], dtype) for vs, (shape, dtype) in self.p2p.shapes.items()}
         p2p = PointToPoint(self.wire, self.forward_only, self.p2p.ranks, self.me, shapes)
         self._execute(self.forward_only, p2p, batch)
-        out = np.concatenate([o.asnumpy() for o in batch.outputs]) if self.stage.is_last else None
+        last = self.chunks[-1].is_last
+        out = np.concatenate([o.asnumpy() for o in batch.outputs]) if last else None
         if not broadcast:
             return out
-        if out is None:
-            shape, dtype = self.output_spec
-            out = ops.zeros((len(inputs),) + shape[1:], dtype)
-        return self.wire.all_reduce(ms.Tensor(out) if self.stage.is_last else out,
-                                    self.p2p.ranks).asnumpy()
+        shape, dtype = self.output_spec
+        out = ms.Tensor(out) if last else ops.zeros((len(inputs),) + shape[1:], dtype)
+        return self.wire.all_reduce(out, self.p2p.ranks).asnumpy()
 
     def _execute(self, schedule, p2p, batch):
         """Run this rank's actions in order. This loop is the whole runtime."""
@@ -161,35 +173,44 @@ class PipelineEngine:
         return _Batch([as_tensor(inputs[c]) for c in cut], [as_tensor(labels[c]) for c in cut],
                       training, [])
 
+    # ---- the actions ------------------------------------------------------------------
     def _forward(self, action, batch):
-        x = batch.inputs[action.mb] if self.me == 0 else self._inbox.pop(("F", action.mb))
-        if not batch.training:
-            out = self.stage.infer(x)
+        stage, key = self.chunks[action.chunk], ("F", action.mb, action.chunk)
+        first = self.schedule.virtual_stage(self.me, action.chunk) == 0
+        x = batch.inputs[action.mb] if first else self._inbox.pop(key)
+        if batch.training:
+            out = stage.forward(action.mb, x, batch.labels[action.mb])
         else:
-            out = self.stage.forward(action.mb, x, batch.labels[action.mb])
-        if self.stage.is_last:
+            out = stage.infer(x)
+        if stage.is_last:
             batch.outputs.append(out)
         else:
-            self._outbox[("F", action.mb)] = out
+            self._outbox[key] = out
 
     def _backward(self, action, batch):
-        dy = None if self.stage.is_last else self._inbox.pop(("B", action.mb))
-        dx = self.stage.backward(action.mb, dy)
-        if self.me > 0:
-            self._outbox[("B", action.mb)] = dx
+        stage, key = self.chunks[action.chunk], ("B", action.mb, action.chunk)
+        dy = self._inbox.pop(key, None)
+        backward = stage.backward_input if self.schedule.split_backward else stage.backward
+        dx = backward(action.mb, dy)
+        if self.schedule.virtual_stage(self.me, action.chunk) > 0:
+            self._outbox[key] = dx
+
+    def _weight_grad(self, action, batch):
+        self.chunks[action.chunk].backward_weight(action.mb)
 
     def _send_forward(self, action, batch):
-        self._p2p_now.send_forward(self._outbox.pop(("F", action.mb)), action)
+        self._p2p_now.send_forward(self._outbox.pop(("F", action.mb, action.chunk)), action)
 
     def _recv_forward(self, action, batch):
-        self._inbox[("F", action.mb)] = self._p2p_now.recv_forward(action)
+        self._inbox[("F", action.mb, action.chunk)] = self._p2p_now.recv_forward(action)
 
     def _send_backward(self, action, batch):
-        self._p2p_now.send_backward(self._outbox.pop(("B", action.mb)), action)
+        self._p2p_now.send_backward(self._outbox.pop(("B", action.mb, action.chunk)), action)
 
     def _recv_backward(self, action, batch):
-        self._inbox[("B", action.mb)] = self._p2p_now.recv_backward(action)
+        self._inbox[("B", action.mb, action.chunk)] = self._p2p_now.recv_backward(action)
 
+    # ---- after the schedule -------------------------------------------------------------
     def _all_reduce_grads(self, grads):
         """Sum this stage's gradients over the replicas, as one flat buffer (one message)."""
         if self.config.data_parallel == 1:
@@ -209,7 +230,9 @@ class PipelineEngine:
         """Write this stage's parameters (replica 0 only), then, on rank 0 once every stage is
         on disk, merge them into `directory/model.ckpt`."""
         if self.replica == 0:
-            checkpoint.save_stage(directory, self.me, self.param_names, self.stage.params)
+            for c, chunk in enumerate(self.chunks):
+                vs = self.schedule.virtual_stage(self.me, c)
+                checkpoint.save_stage(directory, vs, self.param_names[c], chunk.params)
         self.barrier()
         if self.wire.rank == 0:
             checkpoint.merge(directory)
@@ -226,60 +249,8 @@ class PipelineEngine:
     def barrier(self):
         self.wire.all_reduce(ms.Tensor([0], ms.int32), tuple(range(self.topo.world_size))).asnumpy()
 
-    # ---- before the first step: agree on the shapes that cross each stage boundary ----
     def _handshake(self, x, labels):
-        """Walk the pipeline once: each stage learns its input shape from the previous one,
-        runs its forward on zeros (compiling it), and tells the next stage its output shape.
-        Receives then never guess a shape. If a stage cannot take its input, every rank
-        fails with the reason before any real message is sent."""
         ranks = self.topo.pipeline_ranks(self.replica)
-        spec_in, error = (tuple(x.shape), x.dtype), ""
-        if self.me > 0:
-            spec_in = _read_header(self.wire.recv((_HEADER,), ms.int32, ranks[self.me - 1], _HANDSHAKE_TAG))
-            error = "" if spec_in else f"stage {self.me - 1} or one before it failed its shape check"
-        spec_out = None
-        if not error:
-            try:
-                spec_out = self.stage.probe(ops.zeros(*spec_in), labels)
-            except (ValueError, TypeError, RuntimeError) as e:
-                first = self.bounds[self.me][0]
-                error = (f"stage {self.me} cannot take the activation of shape {spec_in[0]} "
-                         f"{spec_in[1]} that stage {self.me - 1} sends across the boundary "
-                         f"between layers {first - 1} and {first}: {str(e).strip().splitlines()[0]}")
-        if not self.stage.is_last:
-            self.wire.send(_write_header(None if error else spec_out), ranks[self.me + 1], _HANDSHAKE_TAG)
-        # One all-reduce tells every rank who failed, and the model's output shape (for predict).
-        world = self.topo.world_size
-        report = np.zeros(world + _HEADER, np.int32)
-        report[self.wire.rank] = bool(error)
-        if self.stage.is_last and self.replica == 0 and not error:
-            report[world:] = _write_header(spec_out).asnumpy() + 1   # +1: -1 pads sum to 0
-        report = self.wire.all_reduce(ms.Tensor(report), tuple(range(world))).asnumpy()
-        failed = report[:world]
-        if failed.any():
-            raise RuntimeError(error or f"the shape check failed on rank(s) "
-                               f"{np.flatnonzero(failed).tolist()}: see their messages")
-        self.output_spec = _read_header(ms.Tensor(report[world:] - 1))
-        shapes = {self.me: spec_in, self.me + 1: spec_out}
+        shapes, self.output_spec = handshake(self.wire, self.schedule, ranks, self.me, self.chunks,
+                                             self.bounds, x, labels, self.topo.world_size)
         self.p2p = PointToPoint(self.wire, self.schedule, ranks, self.me, shapes)
-
-
-_HANDSHAKE_TAG = 32000                 # above every micro-batch message's tag
-_HEADER = 8                            # int32s: rank of the shape, dtype index, dims...
-_DTYPES = [ms.float32, ms.float16, ms.bfloat16, ms.float64, ms.int32, ms.int64]
-
-
-def _write_header(spec):
-    """(shape, dtype) as a fixed-size int32 tensor; None (an upstream failure) as -1s."""
-    header = np.full(_HEADER, -1, np.int32)
-    if spec is not None:
-        shape, dtype = spec
-        header[:2 + len(shape)] = [len(shape), _DTYPES.index(dtype), *shape]
-    return ms.Tensor(header)
-
-
-def _read_header(tensor):
-    header = tensor.asnumpy()
-    if header[0] < 0:
-        return None
-    return tuple(int(d) for d in header[2:2 + header[0]]), _DTYPES[int(header[1])]

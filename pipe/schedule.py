@@ -96,13 +96,92 @@ def one_f_one_b(stages, micro_batches):
     return Schedule("1f1b", stages, micro_batches, actions)
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def interleaved_1f1b(stages, micro_batches, chunks=2):
+    """Interleaved 1F1B (Narayanan et al., 2021): each rank holds `chunks` model chunks that
+    are not adjacent (rank r: virtual stages r, r+P, ...). Micro-batches go through the
+    chunks in groups of P, so a rank can start chunk 1 of the first micro-batches while the
+    later stages still work on chunk 0. Warm-up is longer, 2(P-r-1) + (v-1)P forwards; the
+    bubble shrinks to about 1/v of 1F1B's. P=2, M=4, v=2 (`F0:1` = micro-batch 0, chunk 1):
+
+        rank0: F0 F1 F0:1 F1:1 F2   B0:1 F3   B1:1 F2:1 B0 F3:1 B1 .    B2:1 .    B3:1 B2 B3
+        rank1: .  F0 F1   F0:1 B0:1 F1:1 B1:1 F2   B0   F3 B1   F2:1 B2:1 F3:1 B3:1 B2   B3
+    """
+    if stages < 2:
+        raise ValueError("interleaved 1F1B needs at least 2 stages: its chunks pass activations "
+                         "between ranks; use --schedule 1f1b on one stage")
+    if micro_batches % stages:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches ({micro_batches}) to be a "
+                         f"multiple of the stages ({stages}): use --micro-batches "
+                         f"{(micro_batches // stages + 1) * stages}")
+    total = micro_batches * chunks
+
+    def unit(k, backward):
+        """The k-th forward (or backward) of a rank: (micro-batch, chunk)."""
+        group, within = divmod(k, stages * chunks)
+        chunk = within // stages
+        return group * stages + within % stages, (chunks - 1 - chunk) if backward else chunk
+
+    actions = []
+    for rank in range(stages):
+        warmup = total if micro_batches == stages else \
+            min(total, 2 * (stages - rank - 1) + (chunks - 1) * stages)
+        order = [Action("F", *unit(k, False)) for k in range(warmup)]
+        for k in range(total - warmup):                         # steady state
+            order += [Action("F", *unit(warmup + k, False)), Action("B", *unit(k, True))]
+        order += [Action("B", *unit(k, True)) for k in range(total - warmup, total)]  # cool-down
+        actions.append(order)
+    return Schedule("interleaved-1f1b", stages, micro_batches, actions, chunks=chunks)
 
 
-def forward_only(stages, micro_batches):
-    """Inference: every stage runs every micro-batch's forward, in order (GPipe's first half)."""
-    F = [Action("F", m) for m in range(micro_batches)]
-    return Schedule("forward-only", stages, micro_batches, [list(F) for _ in range(stages)])
+def zb_h1(stages, micro_batches):
+    """Zero-bubble ZB-H1 (Qi et al., ICLR 2024): the backward splits into B (the input
+    gradient, which the previous stage waits for) and W (the weight gradient, which nobody
+    waits for). B keeps its 1F1B place on the critical path; W fills time a stage would
+    otherwise idle. With F = B = W the bubble is about a third of 1F1B's.
+
+    Built by list scheduling, one unit per action. At each tick a stage runs, in order:
+    a W if more than P-1 are pending (bounds their memory), a B whose gradient has arrived,
+    a forward if fewer than P-s micro-batches await their B (1F1B's activation memory),
+    else a pending W. P=2, M=4:
+
+        rank0: F0 F1 .  B0 F2 B1 W0 F3 B2 W1 W2 B3 W3
+        rank1: .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
+    """
+    P, M = stages, micro_batches
+    finished = {}                                   # (kind, stage, mb) -> tick
+    actions = [[] for _ in range(P)]
+    next_f, next_b, pending_w = [0] * P, [0] * P, [[] for _ in range(P)]
+    tick = 0
+    while any(len(a) < 3 * M for a in actions):
+        for s in range(P):
+            f, b = next_f[s], next_b[s]
+            b_ready = b < f and (s == P - 1 or finished.get(("B", s + 1, b), tick) < tick)
+            f_ready = f < M and (s == 0 or finished.get(("F", s - 1, f), tick) < tick)
+            if len(pending_w[s]) > P - 1:
+                action = Action("W", pending_w[s].pop(0))
+            elif b_ready:
+                action, next_b[s] = Action("B", b), b + 1
+                pending_w[s].append(b)
+            elif f_ready and f - b < P - s:
+                action, next_f[s] = Action("F", f), f + 1
+            elif pending_w[s]:
+                action = Action("W", pending_w[s].pop(0))
+            else:
+                continue                            # idle: the bubble
+            actions[s].append(action)
+            finished[(action.kind, s, action.mb)] = tick
+        tick += 1
+    return Schedule("zb-h1", P, M, actions, split_backward=True)
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
+             "zb-h1": zb_h1}
+
+
+def forward_only(stages, micro_batches, chunks=1):
+    """Inference: every micro-batch's forward through each chunk in turn (GPipe's first half)."""
+    F = [Action("F", m, c) for c in range(chunks) for m in range(micro_batches)]
+    return Schedule("forward-only", stages, micro_batches, [list(F) for _ in range(stages)], chunks)
 
 
 def _messages(schedule, rank, action):
@@ -129,49 +208,60 @@ def _messages(schedule, rank, action):
 def lower(schedule):
     """Insert the sends and receives around the compute actions.
 
-    A send follows the compute that made its tensor, a receive precedes the compute that
-    needs it. Between two computes a rank may hold several of them (1F1B's steady state:
-    send this forward's activation, receive an earlier micro-batch's gradient), and with
-    blocking messages their order decides whether neighbours hang sending to each other.
-    So we play the schedule once, logically, and write each rank's messages down in the
-    order in which they can pair up. With a fixed order per rank the real run pairs them
-    the same way, whatever the timing, so it cannot deadlock.
+    A receive must come before the compute that needs its tensor; a send comes after the
+    compute that made it, as soon as the receiver takes it. With blocking messages the order
+    decides whether neighbours hang sending to each other (1F1B's steady state: send this
+    forward's activation, receive an earlier micro-batch's gradient). So we play the
+    schedule once, logically, and write each rank's messages down in the order in which
+    they pair up. When every rank is stuck, one with only sends left goes on computing and
+    sends later (interleaved schedules need this: Megatron posts such sends and receives
+    together). A fixed order per rank pairs the same way in the real run, whatever the
+    timing, so the lowered schedule cannot deadlock.
     """
     compute = schedule.actions
     ranks = len(compute)
     out = [[] for _ in range(ranks)]
     position = [0] * ranks
-    gaps = [_messages(schedule, r, compute[r][0])[0] if compute[r] else [] for r in range(ranks)]
+    recvs = [_messages(schedule, r, compute[r][0])[0] if compute[r] else [] for r in range(ranks)]
+    sends = [[] for _ in range(ranks)]
 
-    def counterpart(rank, action):
-        key = message_key(schedule, rank, action)
-        for other in gaps[action.peer]:
-            if other.peer == rank and other.kind[0] != action.kind[0] and \
-                    message_key(schedule, action.peer, other) == key:
-                return other
-        return None
-
-    while any(position[r] < len(compute[r]) or gaps[r] for r in range(ranks)):
+    def pair(rank):
+        """Complete every message of `rank` whose counterpart the peer is ready for."""
         moved = False
-        for rank in range(ranks):
-            for action in list(gaps[rank]):
-                other = counterpart(rank, action)
-                if other is not None:
+        for action in list(sends[rank]) + list(recvs[rank]):
+            mine = sends[rank] if action.kind[0] == "s" else recvs[rank]
+            theirs = recvs[action.peer] if action.kind[0] == "s" else sends[action.peer]
+            key = message_key(schedule, rank, action)
+            for other in theirs:
+                if other.peer == rank and message_key(schedule, action.peer, other) == key:
                     out[rank].append(action)
                     out[action.peer].append(other)
-                    gaps[rank].remove(action)
-                    gaps[action.peer].remove(other)
+                    mine.remove(action)
+                    theirs.remove(other)
                     moved = True
-            if not gaps[rank] and position[rank] < len(compute[rank]):
-                action = compute[rank][position[rank]]
-                out[rank].append(action)
-                position[rank] += 1
-                gaps[rank] = _messages(schedule, rank, action)[1]
-                if position[rank] < len(compute[rank]):
-                    gaps[rank] += _messages(schedule, rank, compute[rank][position[rank]])[0]
-                moved = True
-        if not moved:
-            stuck = {r: [str(a) for a in gaps[r]] for r in range(ranks) if gaps[r]}
+                    break
+        return moved
+
+    def advance(rank, carry_sends):
+        """Run the rank's next compute once its receives are done (and its sends, unless
+        they may be carried past it)."""
+        if recvs[rank] or (sends[rank] and not carry_sends) or position[rank] == len(compute[rank]):
+            return False
+        action = compute[rank][position[rank]]
+        out[rank].append(action)
+        position[rank] += 1
+        sends[rank] += _messages(schedule, rank, action)[1]
+        if position[rank] < len(compute[rank]):
+            recvs[rank] = _messages(schedule, rank, compute[rank][position[rank]])[0]
+        return True
+
+    while any(position[r] < len(compute[r]) or sends[r] or recvs[r] for r in range(ranks)):
+        moved = False
+        for rank in range(ranks):
+            moved |= pair(rank)
+            moved |= advance(rank, carry_sends=False)
+        if not moved and not any(advance(r, carry_sends=True) for r in range(ranks)):
+            stuck = {r: [str(a) for a in sends[r] + recvs[r]] for r in range(ranks) if sends[r] or recvs[r]}
             raise ValueError(f"schedule {schedule.name!r} can never complete: messages that no "
                              f"rank will ever pair, per rank: {stuck}")
     return Schedule(schedule.name, schedule.stages, schedule.micro_batches, out,
@@ -189,12 +279,64 @@ def message_key(schedule, rank, action):
     return (action.kind[1], action.mb, vs)
 
 
-def peak_in_flight(schedule, rank):
-    """Most micro-batches whose activations `rank` holds at once: forwarded, not yet
-    fully backwarded (through W when the backward is split)."""
-    release = "W" if schedule.split_backward else "B"
+def peak_in_flight(schedule, rank, through="B"):
+    """Most micro-batches `rank` holds activations of at once: forwarded, and not yet past
+    their B (`through="W"`: not yet past their last backward action, W when split)."""
+    release = "W" if through == "W" and schedule.split_backward else "B"
     held = peak = 0
     for action in schedule.actions[rank]:
         held += (action.kind == "F") - (action.kind == release)
         peak = max(peak, held)
     return peak
+
+
+def action_costs(schedule, forward=1.0, backward=1.0, weight=1.0):
+    """Durations for the simulator: a schedule that does not split the backward runs B and W
+    as one action, so its B costs both."""
+    full = backward if schedule.split_backward else backward + weight
+    return {"F": forward, "B": full, "W": weight}
+
+
+def main(argv=None):
+    """python -m pipe.schedule --schedule NAME --stages P --micro-batches M [--virtual-stages v]"""
+    import argparse
+    from pipe import schedule as canonical   # this file may be running as __main__
+    from pipe.simulator import Deadlock, format_table, measured_costs, simulate
+    p = argparse.ArgumentParser(prog="python -m pipe.schedule",
+                                description="Print a schedule, simulate it, check its messages.")
+    p.add_argument("--schedule", default="1f1b", choices=sorted(canonical.SCHEDULES))
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--micro-batches", type=int, default=8)
+    p.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank (interleaved)")
+    p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "B", "W"),
+                   help="relative durations of forward, input-gradient and weight-gradient")
+    p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
+    p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
+    args = p.parse_args(argv)
+    make = canonical.SCHEDULES[args.schedule]
+    compute = make(args.stages, args.micro_batches, args.virtual_stages) \
+        if args.schedule == "interleaved-1f1b" else make(args.stages, args.micro_batches)
+    schedule = canonical.lower(compute)
+    f, b, w = measured_costs(args.measured, schedule) if args.measured else args.cost
+    costs = canonical.action_costs(schedule, f, b, w)
+    try:
+        simulate(schedule)                                   # can it hang?
+    except Deadlock as e:
+        raise SystemExit(str(e))
+    timeline = simulate(schedule, costs, eager_sends=True)    # how long does it take?
+    print(format_table(schedule))
+    print(f"\ncosts: F={costs['F']:g} B={costs['B']:g} W={costs['W']:g} "
+          f"({'B and W separate' if schedule.split_backward else 'B includes W'})")
+    print(f"bubble: {timeline.bubble:.4f}")
+    print("peak in-flight micro-batches per rank (F done, B not):",
+          [canonical.peak_in_flight(schedule, r) for r in range(args.stages)])
+    for rank, actions in enumerate(schedule.actions):
+        sends = " ".join(f"{a}->{a.peer}" for a in actions if a.kind[0] == "s")
+        recvs = " ".join(f"{a}<-{a.peer}" for a in actions if a.kind[0] == "r")
+        print(f"rank {rank} sends: {sends or '-'}\nrank {rank} receives: {recvs or '-'}")
+        if args.lowered:
+            print(f"rank {rank} actions: " + " ".join(map(str, actions)))
+
+
+if __name__ == "__main__":
+    main()

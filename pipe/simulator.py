@@ -43,51 +43,75 @@ class Timeline:
         return 1 - sum(self.busy(r) for r in range(len(self.spans))) / total if total else 0.0
 
 
-def simulate(schedule, costs=None):
-    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default 1)."""
+def simulate(schedule, costs=None, eager_sends=False):
+    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default 1).
+
+    With blocking sends (the default) a send waits for its receive: this is the check that
+    the schedule cannot hang. With `eager_sends` a send returns at once and its receiver
+    takes the message whenever it gets there, in order per pair of ranks (what NCCL's
+    queued sends and MPI's buffered ones give): this is the timing to expect.
+    """
     costs = {"F": 1.0, "B": 1.0, "W": 1.0, **(costs or {})}
     acts = schedule.actions
     ranks = len(acts)
     position, clock = [0] * ranks, [0.0] * ranks
     spans = [[] for _ in range(ranks)]
+    wires = {}                           # (src, dst) -> [(message key, time sent), ...] in flight
 
     def head(rank):
         return acts[rank][position[rank]] if position[rank] < len(acts[rank]) else None
 
+    def step(rank, action):
+        """Try to complete `action` on `rank`; True if it did."""
+        if action.is_compute:
+            start = clock[rank]
+            clock[rank] += costs[action.kind]
+            spans[rank].append((start, clock[rank], action))
+            position[rank] += 1
+            return True
+        key = message_key(schedule, rank, action)
+        if eager_sends:
+            if action.kind[0] == "s":
+                wires.setdefault((rank, action.peer), []).append((key, clock[rank]))
+            else:
+                queue = wires.get((action.peer, rank))
+                if not queue:
+                    return False
+                if queue[0][0] != key:
+                    _mismatch(schedule, position, rank, action, queue[0][0])
+                clock[rank] = max(clock[rank], queue.pop(0)[1])
+            position[rank] += 1
+            return True
+        other = head(action.peer)
+        if other is None or other.is_compute or other.peer != rank or action.kind[0] == other.kind[0]:
+            return False                 # the peer is elsewhere, or both send / both receive
+        if key != message_key(schedule, action.peer, other):
+            _mismatch(schedule, position, rank, action, message_key(schedule, action.peer, other))
+        clock[rank] = clock[action.peer] = max(clock[rank], clock[action.peer])
+        position[rank] += 1
+        position[action.peer] += 1
+        return True
+
     while any(head(r) for r in range(ranks)):
         moved = False
         for rank in range(ranks):
-            action = head(rank)
-            while action is not None and action.is_compute:
-                start = clock[rank]
-                clock[rank] += costs[action.kind]
-                spans[rank].append((start, clock[rank], action))
-                position[rank] += 1
-                moved, action = True, head(rank)
-            if action is None:
-                continue
-            other = head(action.peer)
-            if other is None or other.is_compute or other.peer != rank:
-                continue
-            if action.kind[0] == other.kind[0]:
-                continue  # both send or both receive: wait, maybe forever
-            if message_key(schedule, rank, action) != message_key(schedule, action.peer, other):
-                raise Deadlock(schedule, position, f"rank {rank} and rank {action.peer} exchange "
-                               f"different messages ({action} vs {other}): a wire that keeps order "
-                               "would deliver the wrong tensor")
-            clock[rank] = clock[action.peer] = max(clock[rank], clock[action.peer])
-            position[rank] += 1
-            position[action.peer] += 1
-            moved = True
+            while head(rank) is not None and step(rank, head(rank)):
+                moved = True
         if not moved:
             raise Deadlock(schedule, position, "no rank can make progress")
     return Timeline(spans, max(clock))
 
 
+def _mismatch(schedule, position, rank, action, other_key):
+    raise Deadlock(schedule, position, f"rank {rank} and rank {action.peer} exchange different "
+                   f"messages ({action} expects {message_key(schedule, rank, action)}, the wire "
+                   f"carries {other_key}): a wire that keeps order would deliver the wrong tensor")
+
+
 def format_table(schedule, timeline=None):
     """The step x rank grid of compute actions ('.' = idle, the bubble), one unit per step
     when every action costs 1 (the default timeline)."""
-    timeline = timeline or simulate(schedule)
+    timeline = timeline or simulate(schedule, eager_sends=True)
     steps = int(round(timeline.makespan))
     grid = [["."] * len(timeline.spans) for _ in range(steps)]
     for rank, spans in enumerate(timeline.spans):
@@ -100,10 +124,28 @@ def format_table(schedule, timeline=None):
     return "\n".join(line.rstrip() for line in [header] + rows)
 
 
-def checked_schedule(name, stages, micro_batches):
+def checked_schedule(name, stages, micro_batches, chunks=1):
     """The named schedule with its messages, refused if the simulator finds a deadlock."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
-    schedule = lower(SCHEDULES[name](stages, micro_batches))
+    if chunks > 1 and name != "interleaved-1f1b":
+        raise ValueError(f"--virtual-stages {chunks} needs --schedule interleaved-1f1b, not {name!r}")
+    make = SCHEDULES[name]
+    schedule = lower(make(stages, micro_batches, chunks) if name == "interleaved-1f1b"
+                     else make(stages, micro_batches))
     simulate(schedule)
     return schedule
+
+
+def measured_costs(trace_path, schedule):
+    """(F, B, W) median durations from a recorded trace (pipe.trace). Without W actions in
+    the trace, W is 0 and B is the whole backward."""
+    import json
+    import re
+    import statistics
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    def median(kind):
+        durations = [e["dur"] for e in events if re.fullmatch(kind + r"\d+(:\d+)?", e["name"])]
+        return statistics.median(durations) / 1e3 if durations else 0.0
+    return median("F"), median("B"), median("W")

@@ -94,6 +94,72 @@ class _Backward(nn.Cell):
         return dy, summed
 
 
+class _LayerInputGrad(nn.Cell):
+    """(x, dy) -> (dx, what W will need: (dy,) for a layer with weights, else ())."""
+
+    def __init__(self, layer, input_grad=True):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.keep = bool(layer.trainable_params())
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=True, sens_param=True)
+
+    def construct(self, x, dy):
+        stash = (dy,) if self.keep else ()
+        if not self.input_grad:
+            return dy, stash
+        return self.grad(self.layer)(x, dy)[0], stash
+
+
+class _InputGrad(nn.Cell):
+    """B of a split backward: (dy, saved inputs) -> (dx, output gradients of the layers
+    with weights). No weight gradient is computed: the compiler drops dW."""
+
+    def __init__(self, layers, input_grad):
+        super().__init__(auto_prefix=False)
+        grads = [_LayerInputGrad(layer, input_grad or i > 0) for i, layer in enumerate(layers)]
+        self.reversed_grads = nn.CellList(grads[::-1])
+        self.count = len(layers)
+
+    @ms.jit
+    def construct(self, dy, *saved):
+        stashed = ()
+        i = self.count
+        for layer_grad in self.reversed_grads:
+            i = i - 1
+            dy, stash = layer_grad(saved[i], dy)
+            stashed = stash + stashed
+        return dy, stashed
+
+
+class _WeightGrad(nn.Cell):
+    """W of a split backward: (accumulators, saved inputs, stashed output gradients) ->
+    accumulators + this micro-batch's weight gradients. Each is dY^T X for a Dense: no
+    input gradient, no forward recomputed."""
+
+    def __init__(self, layers):
+        super().__init__(auto_prefix=False)
+        weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
+        self.inputs = tuple(i for i, _ in weighted)
+        self.layers = nn.CellList([layer for _, layer in weighted])
+        self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.count = len(layers)
+
+    @ms.jit
+    def construct(self, accumulators, *tensors):   # tensors: saved inputs, then stashed dys
+        grads = ()
+        k = 0
+        for layer in self.layers:
+            grads = grads + self.grad(layer, self.weights[k])(tensors[self.inputs[k]],
+                                                              tensors[self.count + k])
+            k = k + 1
+        summed = ()
+        for acc, g in zip(accumulators, grads):
+            summed = summed + (acc + g,)
+        return summed
+
+
 class Stage:
     """A slice of the model on this rank, with its in-flight activations and its gradients.
 
@@ -109,6 +175,8 @@ class Stage:
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Forward(self.layers)
         self._backward = _Backward(self.layers, input_grad=not is_first)
+        self._input_grad = _InputGrad(self.layers, input_grad=not is_first)
+        self._weight_grad = _WeightGrad(self.layers)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
         self.saved = {}        # micro-batch -> (inputs of every layer, gradient to start from)
@@ -131,9 +199,18 @@ class Stage:
         dx, self.grads = self._backward(dlogits if self.is_last else dy, ms.mutable(self.grads), *saved)
         return dx
 
-    @property
-    def in_flight(self):
-        return len(self.saved)
+    def backward_input(self, mb, dy=None):
+        """B of a split backward: the gradient for the previous stage only. What W needs
+        (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
+        saved, dlogits = self.saved[mb]
+        dx, stashed = self._input_grad(dlogits if self.is_last else dy, *saved)
+        self.saved[mb] = (saved, stashed)
+        return dx
+
+    def backward_weight(self, mb):
+        """W of a split backward: this micro-batch's weight gradients, accumulated."""
+        saved, stashed = self.saved.pop(mb)
+        self.grads = self._weight_grad(ms.mutable(self.grads), *saved, *stashed)
 
     def infer(self, x):
         """Forward only, keeping nothing: the model's output on the last stage."""

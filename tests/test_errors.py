@@ -18,7 +18,7 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
      "error: cannot split 3 layers into 4 stages: every stage needs at least one layer; use "
      "--stages 3 or fewer, or a deeper model"),
     (2, ["--stages", 2, "--schedule", "pipedream"],
-     "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b"),
+     "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1"),
 ])
 def test_mistake_fails_on_every_rank(ranks, flags, message):
     done = run_example(ranks, *SMALL, *flags, timeout=120)

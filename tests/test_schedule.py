@@ -1,7 +1,7 @@
 """Schedules as data: literal step x rank tables, and the invariants every schedule keeps."""
 import pytest
 
-from pipe.schedule import SCHEDULES, lower, message_key, peak_in_flight
+from pipe.schedule import SCHEDULES, action_costs, lower, message_key, peak_in_flight
 from pipe.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
@@ -75,37 +75,90 @@ def test_lowered_messages_of_two_stage_1f1b():
     assert [str(a) for a in actions[1]] == "rF0 F0 B0 rF1 sB0 F1 B1 rF2 sB1 F2 B2 sB2".split()
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
-@pytest.mark.parametrize("stages,micro_batches", [(1, 1), (2, 2), (3, 4), (4, 8), (4, 3), (5, 16)])
-def test_schedule_invariants(name, stages, micro_batches):
-    schedule = lower(SCHEDULES[name](stages, micro_batches))
-    for rank, actions in enumerate(schedule.actions):
-        compute = [(a.kind, a.mb) for a in actions if a.is_compute]
-        # every micro-batch's F and B exactly once, F before B
-        assert sorted(compute) == sorted([(k, m) for k in "FB" for m in range(micro_batches)])
-        for m in range(micro_batches):
-            assert compute.index(("F", m)) < compute.index(("B", m))
-        peak = peak_in_flight(schedule, rank)
-        if name == "gpipe":
-            assert peak == micro_batches
-        else:
-            assert peak == min(stages - rank, micro_batches)
-    # every send has exactly one receive carrying the same message, and nothing hangs
+def build(name, stages, micro_batches, chunks=2):
+    make = SCHEDULES[name]
+    return lower(make(stages, micro_batches, chunks) if name == "interleaved-1f1b"
+                 else make(stages, micro_batches))
+
+
+def message_pairs(schedule):
     sends, recvs = [], []
     for rank, actions in enumerate(schedule.actions):
         for a in actions:
             if not a.is_compute:
-                entry = (rank, a.peer, message_key(schedule, rank, a)) if a.kind[0] == "s" else \
-                        (a.peer, rank, message_key(schedule, rank, a))
-                (sends if a.kind[0] == "s" else recvs).append(entry)
-    assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
-    assert len(sends) == 2 * (stages - 1) * micro_batches
-    simulate(schedule)
+                key = message_key(schedule, rank, a)
+                if a.kind[0] == "s":
+                    sends.append((rank, a.peer, key))
+                else:
+                    recvs.append((a.peer, rank, key))
+    return sends, recvs
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (4, 16), (8, 32)])
+@pytest.mark.parametrize("stages,micro_batches", [(1, 1), (2, 2), (3, 3), (4, 8), (3, 6), (5, 15), (2, 8)])
+def test_schedule_invariants(name, stages, micro_batches):
+    if name == "interleaved-1f1b" and stages == 1:
+        with pytest.raises(ValueError, match="interleaved 1F1B needs at least 2 stages"):
+            build(name, stages, micro_batches)
+        return
+    schedule = build(name, stages, micro_batches)
+    kinds = "FBW" if schedule.split_backward else "FB"
+    for rank, actions in enumerate(schedule.actions):
+        compute = [(a.kind, a.mb, a.chunk) for a in actions if a.is_compute]
+        # every micro-batch's F and B (and W) exactly once per model chunk, in that order
+        expected = [(k, m, c) for k in kinds for m in range(micro_batches) for c in range(schedule.chunks)]
+        assert sorted(compute) == sorted(expected)
+        for m in range(micro_batches):
+            for c in range(schedule.chunks):
+                places = [compute.index((k, m, c)) for k in kinds]
+                assert places == sorted(places)
+        peak = peak_in_flight(schedule, rank)
+        if name == "gpipe":
+            assert peak == micro_batches
+        elif name in ("1f1b", "zb-h1"):
+            assert peak == min(stages - rank, micro_batches)
+    sends, recvs = message_pairs(schedule)
+    assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
+    assert len(sends) == 2 * (schedule.virtual_stages - 1) * micro_batches
+    simulate(schedule)                      # blocking semantics: raises if it could hang
+
+
+def test_zb_h1_keeps_deferred_weight_gradients_bounded():
+    schedule = build("zb-h1", 4, 16)
+    assert [peak_in_flight(schedule, r, through="W") for r in range(4)] == [4 + 3, 3 + 3, 2 + 3, 1 + 3]
+
+
+def bubble(name, stages, micro_batches, chunks=2):
+    schedule = build(name, stages, micro_batches, chunks)
+    return simulate(schedule, action_costs(schedule), eager_sends=True).bubble
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (4, 16), (8, 32), (3, 3)])
 def test_bubble_matches_closed_form(name, stages, micro_batches):
-    """With equal F and B costs, both schedules idle (p-1)/(m+p-1) of the time."""
-    timeline = simulate(lower(SCHEDULES[name](stages, micro_batches)))
-    assert timeline.bubble == pytest.approx((stages - 1) / (micro_batches + stages - 1))
+    """GPipe and 1F1B idle (p-1)/(m+p-1) of the time, whatever F and B cost."""
+    assert bubble(name, stages, micro_batches) == pytest.approx((stages - 1) / (micro_batches + stages - 1))
+
+
+@pytest.mark.parametrize("stages,micro_batches,chunks", [(2, 4, 2), (4, 8, 2), (4, 16, 2), (2, 8, 4), (3, 6, 2)])
+def test_interleaved_bubble_is_one_vth(stages, micro_batches, chunks):
+    """Megatron's closed form: (p-1)/(v m + p - 1), about 1/v of 1F1B's."""
+    got = bubble("interleaved-1f1b", stages, micro_batches, chunks)
+    assert got == pytest.approx((stages - 1) / (chunks * micro_batches + stages - 1))
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (4, 16), (8, 32), (3, 6)])
+def test_zb_h1_bubble_is_about_a_third_of_1f1b(stages, micro_batches):
+    """With F = B = W: 1F1B's backward costs B + W, ZB-H1 moves W into the bubbles."""
+    ratio = bubble("zb-h1", stages, micro_batches) / bubble("1f1b", stages, micro_batches)
+    assert 0.3 <= ratio <= 0.42
+
+
+def test_cli_prints_table_bubble_and_messages(capsys):
+    from pipe.schedule import main
+    main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "4"])
+    out = capsys.readouterr().out
+    assert out.startswith("step rank0 rank1\n0    F0    .\n1    F1    F0\n2    .     B0\n")
+    assert "bubble: 0.0769" in out
+    assert "rank 0 sends: sF0->1 sF1->1 sF2->1 sF3->1" in out
+    assert "rank 1 receives: rF0<-0 rF1<-0 rF2<-0 rF3<-0" in out

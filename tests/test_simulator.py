@@ -30,6 +30,8 @@ def test_messages_out_of_order_are_refused():
     rank0 = [Action("F", 0), Action("F", 1), Action("sF", 0, peer=1), Action("sF", 1, peer=1)]
     rank1 = [Action("rF", 1, peer=0), Action("rF", 0, peer=0), Action("F", 0), Action("F", 1)]
     with pytest.raises(Deadlock, match="exchange different messages"):
+        simulate(Schedule("swapped", 2, 2, [rank0, rank1], lowered=True), eager_sends=True)
+    with pytest.raises(Deadlock, match="exchange different messages"):
         simulate(Schedule("swapped", 2, 2, [rank0, rank1], lowered=True))
 
 
@@ -43,7 +45,8 @@ def test_lowering_an_impossible_compute_order_fails():
 
 
 def test_unknown_schedule_name():
-    with pytest.raises(ValueError, match=r"unknown schedule 'pipedream': choose one of gpipe, 1f1b"):
+    with pytest.raises(ValueError, match=r"unknown schedule 'pipedream': choose one of gpipe, 1f1b, "
+                                         r"interleaved-1f1b, zb-h1"):
         checked_schedule("pipedream", 2, 4)
 
 

@@ -25,7 +25,7 @@ from mindspore.common.initializer import HeUniform, initializer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
 from train import build_model  # noqa: E402
-from pipe import PipelineConfig, PipelineEngine  # noqa: E402
+from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
 from pipe.trace import Tracer  # noqa: E402
 

@@ -18,7 +18,7 @@ from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own module, beside this file)
-from pipe import PipelineConfig, PipelineEngine  # noqa: E402
+from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -27,7 +27,9 @@ def parse_args(argv=None):
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas D")
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches M per replica")
     p.add_argument("--batch-size", type=int, default=64, help="global mini-batch B")
-    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b")
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved-1f1b or zb-h1")
+    p.add_argument("--virtual-stages", type=int, default=None,
+                   help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--layers", type=int, default=3, help="hidden layers L")
     p.add_argument("--hidden", type=int, default=256, help="hidden width H")
@@ -72,7 +74,8 @@ def train(args, wire=None):
         make_optimizer = lambda params: nn.Adam(params, learning_rate=args.lr)
     config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
-                            schedule=args.schedule, device=device)
+                            schedule=args.schedule, device=device,
+                            virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
     rank0 = engine.wire.rank == 0
     say = (lambda text: print(text, flush=True)) if rank0 else (lambda text: None)
