@@ -11,7 +11,7 @@ import pytest
 from launch import load, run_example, run_many
 
 FLAGS = ["--layers", "3", "--hidden", "32", "--batch-size", "16", "--micro-batches", "4",
-         "--steps", "3", "--seed", "7", "--data", "synthetic"]
+         "--steps", "2", "--seed", "7", "--data", "synthetic"]
 SGD = ["--optimizer", "sgd", "--lr", "0.1"]
 # Adam divides by sqrt(second moment): a gradient at round-off level becomes a step of
 # about lr. A small lr keeps that within the tolerance below.
@@ -78,4 +78,4 @@ def test_every_rank_reports_the_same_loss():
     single = run_example(1, *FLAGS, *SGD, "--log-every", 1)
     losses = [line for line in done.stdout.splitlines() if line.startswith("step")]
     assert losses == [line for line in single.stdout.splitlines() if line.startswith("step")]
-    assert len(losses) == 3
+    assert len(losses) == 2

@@ -1,0 +1,38 @@
+"""Every schedule trains the same weights as one process, for P in {2,3,4} and M in {P,2P,4P}.
+
+One mpiexec launch of 4 processes runs the whole matrix (tests/mpi_worker.py): each
+configuration on the first P ranks, each single-process reference on rank 0.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from launch import load, run_many
+
+FLAGS = ["--data", "synthetic", "--layers", "7", "--hidden", "16", "--batch-size", "48",
+         "--steps", "2", "--seed", "3", "--optimizer", "sgd", "--lr", "0.1"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+CASES = [(p, m) for p in (2, 3, 4) for m in (p, 2 * p, 4 * p)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("schedules")
+    configs = [(1, FLAGS + ["--micro-batches", m, "--save", root / f"single-{m}"])
+               for m in sorted({m for _, m in CASES})]
+    configs += [(p, FLAGS + ["--stages", p, "--micro-batches", m, "--schedule", s,
+                             "--save", root / f"{s}-{p}-{m}"])
+                for s in SCHEDULES for p, m in CASES]
+    done = run_many(configs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {entry: load(os.path.join(root, entry, "model.ckpt")) for entry in os.listdir(root)}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("stages,micro_batches", CASES)
+def test_schedule_trains_like_one_process(runs, schedule, stages, micro_batches):
+    got, want = runs[f"{schedule}-{stages}-{micro_batches}"], runs[f"single-{micro_batches}"]
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
