@@ -75,7 +75,7 @@ for model in small large; do
       wanted "$IMPL" pipe && launch $n $SIZE --dp $D --micro-batches 1
       continue
     fi
-    for schedule in gpipe 1f1b; do
+    for schedule in gpipe 1f1b interleaved-1f1b zb-h1; do
       wanted "$SCHEDULE" $schedule && wanted "$IMPL" pipe || continue
       extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
       echo "  pipe ${P}x${D} $schedule M=$M"

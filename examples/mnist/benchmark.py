@@ -106,10 +106,12 @@ def main(argv=None):
         ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=bool(args.trace) and device == "CPU")
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
+                                virtual_stages=2 if args.schedule == "interleaved-1f1b" else 1,
                                 partition="parameters", device=device)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
         rank, stage = engine.wire.rank, engine.me
-        own_random_weights(model, *bounds[stage], seed=0)
+        for first, last in engine.bounds:          # this rank's model chunks
+            own_random_weights(model, first, last, seed=0)
         xs, ys = ms.Tensor(x), ms.Tensor(y)
         seconds = timed(lambda: engine.train_step(xs, ys), args.steps, args.warmup)
         if args.trace:

@@ -9,7 +9,7 @@ FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --m
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'
-for schedule in gpipe 1f1b; do
+for schedule in gpipe 1f1b interleaved-1f1b zb-h1; do
   echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save $OUT/$schedule"
   msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
     --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save "$OUT/$schedule" > /dev/null 2>&1 \
