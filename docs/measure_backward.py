@@ -1,0 +1,81 @@
+"""Why a stage keeps every layer's input and differentiates layer by layer (pipe/stage.py).
+
+    python docs/measure_backward.py [--width 2048] [--batch 1024] [--layers 2]
+
+Times, on one device, for a stack of Dense+ReLU layers (a backward alone ideally costs
+two forwards: dX and dW are one matrix product each):
+  forward                 the compiled forward alone
+  backward, recompute     jit GradOperation of the whole stack from its input: it runs
+                          the forward again inside the backward
+  backward, per layer     pipe's choice: one compiled graph of layer-wise VJPs at the
+                          inputs the forward saved (plus adding into the accumulators)
+  PyNative vjp, F+B       ms.vjp: keeps the forward's closure, runs op by op
+and checks that the two compiled backwards agree.
+"""
+import argparse
+import os
+import sys
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pipe.stage import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
+
+
+class _Recompute(nn.Cell):
+    def __init__(self, net):
+        super().__init__(auto_prefix=False)
+        self.net, self.weights = net, ms.ParameterTuple(net.trainable_params())
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
+
+    @ms.jit
+    def construct(self, x, dy):
+        return self.grad(self.net, self.weights)(x, dy)
+
+
+def best_ms(fn, repeat=5):
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--device", default="CPU")
+    args = p.parse_args()
+    ms.set_device(args.device)
+    layers = [cell for _ in range(args.layers) for cell in (nn.Dense(args.width, args.width), nn.ReLU())]
+    net = nn.SequentialCell(layers)
+    x = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
+    dy = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
+    forward, backward, recompute = _Forward(layers), _Backward(layers, True), _Recompute(net)
+    zeros = ms.mutable(tuple(ops.zeros(q.shape, q.dtype) for q in net.trainable_params()))
+    _, saved = forward(x, ms.Tensor(0), ms.Tensor(1.0))
+    sync = lambda out: out[0].asnumpy()
+    results = {
+        "forward": best_ms(lambda: sync(forward(x, ms.Tensor(0), ms.Tensor(1.0)))),
+        "backward, recompute": best_ms(lambda: sync(recompute(x, dy)[0])),
+        "backward, per layer": best_ms(lambda: sync(backward(dy, zeros, *saved))),
+        "PyNative vjp, F+B": best_ms(lambda: sync(ms.vjp(net, x)[1](dy))),
+    }
+    print(f"{args.layers} x (Dense {args.width} + ReLU), batch {args.batch}, {args.device}:")
+    for name, value in results.items():
+        print(f"  {name:20s} {value:8.1f} ms   ({value / results['forward']:.2f} x forward)")
+    dx_a, grads_a = backward(dy, zeros, *saved)
+    (dx_b,), grads_b = recompute(x, dy)
+    worst = max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip((dx_a, *grads_a), (dx_b, *grads_b)))
+    print(f"  per-layer and recompute agree to {worst:.1e}")
+
+
+if __name__ == "__main__":
+    main()
