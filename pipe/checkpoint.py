@@ -1,38 +1,64 @@
-"""Per-stage checkpoints, and merging them into one checkpoint of the whole model.
+"""Checkpoints that survive crashes, and their merge into one checkpoint of the whole model.
 
-Each stage (data-parallel replica 0) writes `DIR/stage-<s>.ckpt` with its parameters under
-their names in the unpartitioned model. Merging them gives `DIR/model.ckpt`, a plain
-MindSpore checkpoint that `mindspore.load_checkpoint` loads into that model:
+    DIR/step-000040/stage-<s>.ckpt       each stage's parameters, under whole-model names
+    DIR/step-000040/optimizer-<s>.ckpt   each stage's optimizer state (what resuming needs)
+    DIR/step-000040/model.ckpt           the stages merged: loads into the unsplit model
+    DIR/step-000040/meta.json            step, schedule, topology, seed, data position, and
+                                         the SHA-256 of every file above
+    DIR/latest                           names the newest complete step directory
+    DIR/model.ckpt                       a copy of the newest merged model
 
-    python -m pipe.checkpoint merge DIR
+Every file is written under a temporary name and renamed into place, meta.json last and
+then `latest`: a crash at any moment leaves the previous checkpoint whole, and a truncated
+or altered file is refused, by its SHA-256, before anything is loaded.
 
-Files are written under a temporary name and renamed into place, so a crash mid-write
-never leaves a half-written file where a good one was.
+    python -m pipe.checkpoint merge DIR      # stage-*.ckpt in DIR -> DIR/model.ckpt
 """
 import argparse
 import glob
+import hashlib
+import json
 import os
+import shutil
 
 import mindspore as ms
 
-__all__ = ["save_stage", "merge", "stage_path"]
+__all__ = ["step_dir", "save_params", "finish", "latest", "merge", "CheckpointError"]
 
 
-def stage_path(directory, stage):
-    return os.path.join(directory, f"stage-{stage}.ckpt")
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, damaged, or from a different run layout."""
 
 
-def _save_atomically(entries, path):
+def step_dir(directory, step):
+    return os.path.join(directory, f"step-{step:06d}")
+
+
+def _atomic(path, write):
     tmp = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    ms.save_checkpoint(entries, tmp)
+    write(tmp)
     os.replace(tmp, path)
 
 
-def save_stage(directory, stage, names, params):
-    """Write one stage's parameters under their whole-model names."""
-    os.makedirs(directory, exist_ok=True)
-    _save_atomically([{"name": n, "data": p} for n, p in zip(names, params)],
-                     stage_path(directory, stage))
+def _write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic(path, write)
+
+
+def save_params(path, named):
+    """Write [(name, Parameter or Tensor)] as a MindSpore checkpoint, atomically."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _atomic(path, lambda tmp: ms.save_checkpoint([{"name": n, "data": p} for n, p in named], tmp))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def merge(directory):
@@ -42,12 +68,47 @@ def merge(directory):
     if not paths:
         raise FileNotFoundError(f"no stage-<s>.ckpt files in {directory!r}: save the pipeline "
                                 "there first (--save DIR)")
-    entries = []
-    for path in paths:
-        entries += [{"name": name, "data": p} for name, p in ms.load_checkpoint(path).items()]
+    named = [item for path in paths for item in ms.load_checkpoint(path).items()]
     out = os.path.join(directory, "model.ckpt")
-    _save_atomically(entries, out)
+    save_params(out, named)
     return out
+
+
+def finish(directory, step, meta, keep=2):
+    """Rank 0, once every rank has written its files for `step`: merge, seal with
+    meta.json, point `latest` at it, and drop all but the newest `keep` step directories."""
+    where = step_dir(directory, step)
+    shutil.copyfile(merge(where), os.path.join(directory, ".model.ckpt.tmp"))
+    files = {name: _sha256(os.path.join(where, name)) for name in sorted(os.listdir(where))
+             if name.endswith(".ckpt")}
+    _write_text(os.path.join(where, "meta.json"), json.dumps({**meta, "step": step, "sha256": files}, indent=1))
+    os.replace(os.path.join(directory, ".model.ckpt.tmp"), os.path.join(directory, "model.ckpt"))
+    _write_text(os.path.join(directory, "latest"), os.path.basename(where) + "\n")
+    for old in sorted(glob.glob(os.path.join(directory, "step-*")))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest(directory):
+    """(step directory, meta) of the newest complete checkpoint, every file verified."""
+    pointer = os.path.join(directory, "latest")
+    if not os.path.exists(pointer):
+        raise CheckpointError(f"no checkpoint in {directory!r} (no 'latest' file): start without "
+                              "--resume, or point it at a directory a run saved with --save")
+    with open(pointer) as f:
+        where = os.path.join(directory, f.read().strip())
+    try:
+        with open(os.path.join(where, "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {where!r} has no readable meta.json ({e}): it is "
+                              "damaged; remove it and resume from an older one") from e
+    for name, digest in meta["sha256"].items():
+        path = os.path.join(where, name)
+        if not os.path.exists(path) or _sha256(path) != digest:
+            raise CheckpointError(f"checkpoint file {path!r} is missing, truncated or altered "
+                                  f"(SHA-256 does not match meta.json): refusing to load it; "
+                                  "restore it or resume from an older step directory")
+    return where, meta
 
 
 def main(argv=None):

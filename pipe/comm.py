@@ -31,7 +31,7 @@ class WireTimeout(RuntimeError):
 class SoloWire:
     """One process, nothing to talk to: all-reduce over a group of one is the identity."""
 
-    rank, size = 0, 1
+    rank, size, has_deadlines = 0, 1, True
 
     def all_reduce(self, tensor, ranks):
         return tensor
@@ -45,7 +45,7 @@ class MpiWire:
         from mpi4py import MPI
         self.MPI, self.world = MPI, communicator or MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
-        self.timeout = timeout
+        self.timeout, self.has_deadlines = timeout, True
         self.groups = {}
 
     def _wait(self, request, what):
@@ -91,6 +91,7 @@ class MindSporeWire:
         # Read after init(): the operators' default group was bound at import time to HCCL's name.
         self.world = GlobalComm.WORLD_COMM_GROUP
         self.rank, self.size = get_rank(), get_group_size()
+        self.has_deadlines = False       # NCCL/HCCL waits cannot time out: the engine watches
         self.ops = {}
 
     def _op(self, key, make):

@@ -7,6 +7,8 @@ Every rank builds the same full model (same seed), keeps its stage's layers, and
 list of schedule actions: F, B, and the sends/receives between them. The engine itself
 decides nothing about order; `pipe.schedule` does.
 """
+import math
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Union
@@ -20,12 +22,17 @@ from pipe.comm import PointToPoint, connect
 from pipe.handshake import handshake
 from pipe.partition import partition, stage_bounds
 from pipe.schedule import forward_only, lower
-from pipe.simulator import checked_schedule
+from pipe.simulator import checked_schedule, format_position
 from pipe.stage import Stage
 from pipe.topology import Topology
 from pipe.trace import merge_traces
+from pipe.watchdog import Watchdog
 
-__all__ = ["PipelineConfig", "PipelineEngine"]
+__all__ = ["PipelineConfig", "PipelineEngine", "PipelineError"]
+
+
+class PipelineError(RuntimeError):
+    """An action failed on this rank (or a peer stopped answering); says where."""
 
 
 class _CompiledUpdate(nn.Cell):
@@ -90,7 +97,7 @@ class PipelineEngine:
         v = config.virtual_stages
         self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches, v)
         V = self.schedule.virtual_stages
-        all_bounds = stage_bounds(model, V, config.partition)
+        self.all_bounds = stage_bounds(model, V, config.partition)
         scale = 1.0 / (config.micro_batches * config.data_parallel)
         self.chunks, self.bounds, self.param_names = [], [], []   # per model chunk of this rank
         for c in range(v):
@@ -98,7 +105,7 @@ class PipelineEngine:
             layers, names = partition(model, V, vs, config.partition)
             self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None,
                                      is_first=vs == 0, grad_scale=scale))
-            self.bounds.append(all_bounds[vs])
+            self.bounds.append(self.all_bounds[vs])
             self.param_names.append(names)
         self.params = [p for chunk in self.chunks for p in chunk.params]
         for p, name in zip(self.params, sum(self.param_names, [])):
@@ -108,6 +115,7 @@ class PipelineEngine:
         self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
         self.p2p = None                  # set by the shape handshake before the first step
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
+        self.watchdog = None if self.wire.has_deadlines else Watchdog(config.timeout, self._where)
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
         self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
                      "sF": self._send_forward, "rF": self._recv_forward,
@@ -126,7 +134,11 @@ class PipelineEngine:
             grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
-        return self._step_loss(batch.outputs)
+        loss = self._step_loss(batch.outputs)
+        if not math.isfinite(loss):      # the same value on every rank: all stop together
+            raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
+                                     "learning rate (--lr) or check the inputs for NaN/inf")
+        return loss
 
     def predict(self, inputs, broadcast=True):
         """Forward-only pipeline over `inputs` (the whole batch, on every replica). Returns the
@@ -150,9 +162,23 @@ class PipelineEngine:
     def _execute(self, schedule, p2p, batch):
         """Run this rank's actions in order. This loop is the whole runtime."""
         self._p2p_now = p2p
-        for action in schedule.actions[self.me]:
-            with self._span(str(action)):
-                self._run[action.kind](action, batch)
+        for i, action in enumerate(schedule.actions[self.me]):
+            if self.watchdog:
+                self.watchdog.progress((schedule, i))
+            try:
+                with self._span(str(action)):
+                    self._run[action.kind](action, batch)
+            except Exception as e:
+                raise PipelineError(f"{e}\n{self._where((schedule, i))}") from e
+
+    def _where(self, position):
+        """Which rank, which action, shown in this rank's action list."""
+        schedule, i = position if isinstance(position, tuple) else (None, 0)
+        head = f"rank {self.wire.rank} (stage {self.me}, replica {self.replica})"
+        if schedule is None:
+            return f"{head} was {position}"
+        return (f"{head} was at action {i} ({schedule.actions[self.me][i]}) of its "
+                f"{schedule.name} schedule:\n{format_position(schedule, self.me, i)}")
 
     def _span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()
@@ -226,17 +252,43 @@ class PipelineEngine:
         total = self.wire.all_reduce(ms.Tensor([mine], ms.float32), tuple(range(self.topo.world_size)))
         return float(total.asnumpy()[0]) / self.config.data_parallel
 
-    def save(self, directory):
-        """Write this stage's parameters (replica 0 only), then, on rank 0 once every stage is
-        on disk, merge them into `directory/model.ckpt`."""
+    def save(self, directory, step, meta=None):
+        """Checkpoint after `step` steps: replica 0 writes each stage's parameters and
+        optimizer state; rank 0 then merges and seals it (see pipe.checkpoint). `meta`
+        adds what the caller needs to resume (seed, data position)."""
+        where = checkpoint.step_dir(directory, step)
         if self.replica == 0:
             for c, chunk in enumerate(self.chunks):
                 vs = self.schedule.virtual_stage(self.me, c)
-                checkpoint.save_stage(directory, vs, self.param_names[c], chunk.params)
+                checkpoint.save_params(os.path.join(where, f"stage-{vs}.ckpt"),
+                                       zip(self.param_names[c], chunk.params))
+            checkpoint.save_params(os.path.join(where, f"optimizer-{self.me}.ckpt"),
+                                   self.optimizer.parameters_and_names())
         self.barrier()
         if self.wire.rank == 0:
-            checkpoint.merge(directory)
+            checkpoint.finish(directory, step, {**self._layout(), **(meta or {})})
         self.barrier()
+
+    def resume(self, directory):
+        """Load the newest checkpoint in `directory` (verified); returns its meta."""
+        where, meta = checkpoint.latest(directory)
+        saved = {k: meta.get(k) for k in self._layout()}
+        if saved != self._layout():
+            raise checkpoint.CheckpointError(
+                f"checkpoint {where!r} was saved with {saved}, this run is {self._layout()}: "
+                "resume with the same --stages/--dp/--schedule/--virtual-stages/--partition")
+        for c, chunk in enumerate(self.chunks):
+            vs = self.schedule.virtual_stage(self.me, c)
+            values = ms.load_checkpoint(os.path.join(where, f"stage-{vs}.ckpt"))
+            for p, name in zip(chunk.params, self.param_names[c]):
+                p.set_data(values[name])
+        ms.load_param_into_net(self.optimizer, ms.load_checkpoint(os.path.join(where, f"optimizer-{self.me}.ckpt")))
+        return meta
+
+    def _layout(self):
+        c = self.config
+        return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
+                "virtual_stages": c.virtual_stages, "partition": c.partition}
 
     def write_trace(self, path):
         """Every rank writes its recorded spans; rank 0 merges them into `path`."""
@@ -252,5 +304,5 @@ class PipelineEngine:
     def _handshake(self, x, labels):
         ranks = self.topo.pipeline_ranks(self.replica)
         shapes, self.output_spec = handshake(self.wire, self.schedule, ranks, self.me, self.chunks,
-                                             self.bounds, x, labels, self.topo.world_size)
+                                             self.all_bounds, x, labels, self.topo.world_size)
         self.p2p = PointToPoint(self.wire, self.schedule, ranks, self.me, shapes)

@@ -31,41 +31,49 @@ def read_header(header):
     return tuple(int(d) for d in header[2:2 + header[0]]), DTYPES[int(header[1])]
 
 
-def _probe(chunk, stage, spec_in, labels, bounds, previous):
-    """Run `stage` on zeros of `spec_in`: its output spec, or an error message."""
-    try:
-        return stage.probe(ops.zeros(*spec_in), labels), ""
-    except (ValueError, TypeError, RuntimeError) as e:
-        first = bounds[0]
-        return None, (f"stage {chunk} cannot take the activation of shape {spec_in[0]} "
-                      f"{spec_in[1]} that stage {previous} sends across the boundary between "
-                      f"layers {first - 1} and {first}: {str(e).strip().splitlines()[0]}")
+def _expected_features(stage):
+    """What the stage's first layer takes, if it says (nn.Dense does): for the message."""
+    return getattr(stage.layers[0], "in_channels", -1)
+
+
+def _mismatch(vs, spec, expects, bounds):
+    first = bounds[vs][0]
+    wanted = f"; its first layer expects {expects} features" if expects > 0 else ""
+    return (f"stage {vs} cannot take the activation of shape {spec[0]} {spec[1]} that stage "
+            f"{vs - 1} sends across the boundary between layers {first - 1} and {first}{wanted}. "
+            f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input")
 
 
 def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
     """Returns ({virtual stage: (shape, dtype)} for this rank's inputs and outputs, the
-    model's output spec). `stages[c]` and `bounds[c]` belong to this rank's chunk c."""
-    V, specs, error = schedule.virtual_stages, {}, ""
+    model's output spec). `stages[c]` is this rank's chunk c; `bounds[vs]` are the layers
+    of every virtual stage."""
+    V, specs, failure = schedule.virtual_stages, {}, None
     spec_out = None
     for chunk, stage in enumerate(stages):
         vs = schedule.virtual_stage(me, chunk)
         spec_in = (tuple(x.shape), x.dtype) if vs == 0 else read_header(
             wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)], TAG).asnumpy())
-        if spec_in is None:
-            error = error or f"stage {vs - 1} or one before it failed its shape check"
         spec_out = None
-        if not error:
-            spec_out, error = _probe(vs, stage, spec_in, labels, bounds[chunk], vs - 1)
+        if spec_in is not None and failure is None:
+            try:
+                spec_out = stage.probe(ops.zeros(*spec_in), labels)
+            except (ValueError, TypeError, RuntimeError):
+                failure = (vs, spec_in, _expected_features(stage))
         specs[vs], specs[vs + 1] = spec_in, spec_out
         if vs < V - 1:
-            wire.send(ms.Tensor(write_header(None if error else spec_out)),
-                      ranks[schedule.rank_of(vs + 1)], TAG)
-    report = np.zeros(world + HEADER, np.int32)      # who failed; the model's output spec
-    report[wire.rank] = bool(error)
-    if stages[-1].is_last and ranks[0] == 0 and not error:
-        report[world:] = write_header(spec_out) + 1  # +1: the -1 padding sums to 0
-    report = wire.all_reduce(ms.Tensor(report), tuple(range(world))).asnumpy()
-    if report[:world].any():
-        raise RuntimeError(error or f"the shape check failed on rank(s) "
-                           f"{np.flatnonzero(report[:world]).tolist()}: see their messages")
-    return specs, read_header(report[world:] - 1)
+            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], TAG)
+    # One all-reduce: every rank's failure (stage, shape it got, what it expects), and the
+    # model's output spec for predict. Rows are summed, so each rank fills only its own.
+    rows = np.zeros((world + 1, 3 + HEADER), np.int32)
+    if failure is not None:
+        vs, spec, expects = failure
+        rows[wire.rank] = [1, vs, expects, *(write_header(spec) + 1)]   # +1: -1 pads sum to 0
+    if stages[-1].is_last and ranks[0] == 0 and spec_out is not None:
+        rows[world, 3:] = write_header(spec_out) + 1
+    rows = wire.all_reduce(ms.Tensor(rows), tuple(range(world))).asnumpy()
+    failed = {(int(r[1]), int(r[2]), read_header(r[3:] - 1)) for r in rows[:world] if r[0]}
+    if failed:
+        raise RuntimeError("shape check failed before the first step: " + "; ".join(
+            _mismatch(vs, spec, expects, bounds) for vs, expects, spec in sorted(failed)))
+    return specs, read_header(rows[world, 3:] - 1)

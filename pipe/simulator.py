@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pipe.schedule import SCHEDULES, lower, message_key
 
-__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "checked_schedule"]
+__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position", "checked_schedule"]
 
 
 class Deadlock(RuntimeError):
@@ -122,6 +122,14 @@ def format_table(schedule, timeline=None):
     header = "step " + " ".join(f"rank{r}".ljust(width) for r in range(len(timeline.spans)))
     rows = [f"{t:<4} " + " ".join(cell.ljust(width) for cell in row) for t, row in enumerate(grid)]
     return "\n".join(line.rstrip() for line in [header] + rows)
+
+
+def format_position(schedule, rank, index, context=6):
+    """`rank`'s actions around `index`, one per line, the one at `index` marked."""
+    actions = schedule.actions[rank]
+    lines = [f"  {i:4d}  {actions[i]}" + ("   <-- HERE" if i == index else "")
+             for i in range(max(0, index - context), min(len(actions), index + context + 1))]
+    return "\n".join(lines)
 
 
 def checked_schedule(name, stages, micro_batches, chunks=1):

