@@ -12,6 +12,8 @@ Two backends with one small interface (`send`, `recv`, `all_reduce`):
 `PointToPoint` names the messages by direction (`send_forward`, `recv_backward`, ...) the
 way the schedule's actions do.
 """
+import os
+import sys
 import time
 
 import numpy as np
@@ -36,6 +38,9 @@ class SoloWire:
     def all_reduce(self, tensor, ranks):
         return tensor
 
+    def abort(self, code):
+        sys.exit(code)
+
 
 class MpiWire:
     """mpi4py on CPU. Tensors travel as numpy arrays; waits poll so they can time out.
@@ -56,6 +61,13 @@ class MpiWire:
                 raise WireTimeout(f"rank {self.rank}: no progress for {self.timeout:g} s while "
                                   f"waiting to {what}")
             time.sleep(20e-6)
+
+    def abort(self, code, grace=2.0):
+        """End every process of the job (a normal exit would wait for stuck peers), after a
+        moment in which peers whose deadlines also expired can report where they were."""
+        sys.stderr.flush()
+        time.sleep(grace)
+        self.world.Abort(code)
 
     def send(self, tensor, dst, tag):
         data = np.ascontiguousarray(tensor.asnumpy())
@@ -99,6 +111,9 @@ class MindSporeWire:
             self.ops[key] = make()
         return self.ops[key]
 
+    def abort(self, code):
+        os._exit(code)              # peers still waiting end by their own watchdogs
+
     def send(self, tensor, dst, tag):
         self._op(("send", dst, tag), lambda: ms.ops.Send(tag, dst, group=self.world))(tensor)
 
@@ -127,7 +142,6 @@ def connect(device, timeout):
     On CPU, mpi4py decides the world (one process without `mpiexec`). On GPU/Ascend a
     multi-process run is one started by `msrun`, which sets MS_WORKER_NUM.
     """
-    import os
     if device == "CPU":
         wire = MpiWire(timeout)
         return wire if wire.size > 1 else SoloWire()

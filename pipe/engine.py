@@ -32,7 +32,15 @@ __all__ = ["PipelineConfig", "PipelineEngine", "PipelineError"]
 
 
 class PipelineError(RuntimeError):
-    """An action failed on this rank (or a peer stopped answering); says where."""
+    """An action failed on this rank (or a peer stopped answering); says where.
+    `abort()` ends every process of the job: peers may be stuck waiting for this one."""
+
+    def __init__(self, message, wire):
+        super().__init__(message)
+        self.wire = wire
+
+    def abort(self, code=1):
+        self.wire.abort(code)
 
 
 class _CompiledUpdate(nn.Cell):
@@ -169,7 +177,7 @@ class PipelineEngine:
                 with self._span(str(action)):
                     self._run[action.kind](action, batch)
             except Exception as e:
-                raise PipelineError(f"{e}\n{self._where((schedule, i))}") from e
+                raise PipelineError(f"{e}\n{self._where((schedule, i))}", self.wire) from e
 
     def _where(self, position):
         """Which rank, which action, shown in this rank's action list."""

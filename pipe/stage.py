@@ -218,7 +218,8 @@ class Stage:
 
     def probe(self, x, labels):
         """Run the training forward once on `x` (checking and compiling it), keeping nothing.
-        Returns the (shape, dtype) of this stage's output (the model's, on the last stage)."""
-        self._forward(x, labels, self._scale)
-        out = self.infer(x)
+        Returns the (shape, dtype) of this stage's output (on the last stage, the model's:
+        the logits' gradient has the logits' shape)."""
+        out, _ = self._forward(x, labels, self._scale)
+        out = out[1] if self.is_last else out
         return tuple(out.shape), out.dtype

@@ -49,6 +49,7 @@ def test_mismatched_stage_shapes_fail_every_rank_quickly():
     done = subprocess.run(["mpiexec", "-n", "2", sys.executable, os.path.join(ROOT, "tests", "bad_shapes.py")],
                           capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
     elapsed = time.monotonic() - begin
+    print(f"shape mismatch: all ranks exited after {elapsed:.1f} s")
     message = ("error: shape check failed before the first step: stage 1 cannot take the activation "
                "of shape (4, 16) Float32 that stage 0 sends across the boundary between layers 0 "
                "and 1; its first layer expects 12 features. Fix the model so that layer 0's output "
@@ -63,8 +64,27 @@ def test_killed_rank_stops_every_other_rank_within_the_deadline():
     rank_process(proc, 1).kill()                       # SIGKILL, mid-run
     killed = time.monotonic()
     proc.wait(timeout=60)
+    print(f"killed rank 1: the others exited {time.monotonic() - killed:.1f} s later, code {proc.returncode}")
     assert proc.returncode != 0
     assert time.monotonic() - killed < 15 + 10
+
+
+def test_rank_that_stops_answering_is_named_within_the_deadline():
+    """SIGSTOP: the rank neither dies nor answers, so the launcher sees nothing; the others'
+    own deadlines (--timeout 5) must end the run and say where each one was waiting."""
+    proc = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 5)
+    wait_for_line(proc, "step     3")
+    rank_process(proc, 1).suspend()
+    stopped = time.monotonic()
+    proc.wait(timeout=60)
+    elapsed = time.monotonic() - stopped
+    print(f"stopped rank 1: the run ended {elapsed:.1f} s later, code {proc.returncode}")
+    err = proc.stderr.read()
+    assert proc.returncode != 0 and elapsed < 5 + 10
+    for rank in (0, 2):                 # both neighbours name rank 1 and where they were
+        assert f"error: rank {rank}: no progress for 5 s while waiting to " in err
+        assert f"rank {rank} (stage {rank}, replica 0) was at action" in err
+    assert err.count("rank 1\n") == 2 and err.count("<-- HERE") == 2
 
 
 def test_resume_after_a_kill_gives_the_uninterrupted_weights(tmp_path):

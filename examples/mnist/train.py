@@ -153,9 +153,12 @@ def main(argv=None):
     except (ValueError, CheckpointError) as e:              # a usage mistake: what to change
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except (PipelineError, FloatingPointError) as e:        # a failure: where each rank was
+    except FloatingPointError as e:                          # every rank saw the same loss
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except PipelineError as e:                               # say where this rank was, then
+        print(f"error: {e}", file=sys.stderr, flush=True)   # end the job: peers may be stuck
+        e.abort(1)
 
 
 if __name__ == "__main__":
