@@ -68,9 +68,11 @@ def merge(directory):
     if not paths:
         raise FileNotFoundError(f"no stage-<s>.ckpt files in {directory!r}: save the pipeline "
                                 "there first (--save DIR)")
-    named = [item for path in paths for item in ms.load_checkpoint(path).items()]
+    named = {}                          # a weight tied across stages is saved by each: keep one
+    for path in paths:
+        named.update(ms.load_checkpoint(path))
     out = os.path.join(directory, "model.ckpt")
-    save_params(out, named)
+    save_params(out, named.items())
     return out
 
 

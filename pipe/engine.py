@@ -118,6 +118,7 @@ class PipelineEngine:
         self.params = [p for chunk in self.chunks for p in chunk.params]
         for p, name in zip(self.params, sum(self.param_names, [])):
             p.name = name            # the stage's wrapper cells renamed it; optimizers want unique names
+        self.tied = self._tied_weights(model)
         self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)
         self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
@@ -245,14 +246,38 @@ class PipelineEngine:
         self._inbox[("B", action.mb, action.chunk)] = self._p2p_now.recv_backward(action)
 
     # ---- after the schedule -------------------------------------------------------------
+    def _tied_weights(self, model):
+        """{index in self.params: every rank holding a copy} for weights that several stages
+        use (a tied embedding and output head). Each copy starts equal (same seed); summing
+        their gradients over all copies before every step keeps them equal."""
+        users = {}
+        for vs, (first, last) in enumerate(self.all_bounds):
+            for layer in model[first:last]:
+                for p in layer.trainable_params():
+                    users.setdefault(id(p), set()).add(vs)
+        if len({id(p) for p in self.params}) < len(self.params):
+            raise ValueError("a weight is shared by two model chunks of the same rank: use "
+                             "another --virtual-stages or partition")
+        tied = {}
+        for k, p in sorted(enumerate(self.params), key=lambda kp: kp[1].name):
+            if len(users[id(p)]) > 1:
+                tied[k] = tuple(sorted({self.topo.rank_of(self.schedule.rank_of(vs), r)
+                                        for vs in users[id(p)] for r in range(self.config.data_parallel)}))
+        return tied
+
     def _all_reduce_grads(self, grads):
-        """Sum this stage's gradients over the replicas, as one flat buffer (one message)."""
-        if self.config.data_parallel == 1:
-            return grads
-        flat = ops.cat([g.reshape(-1) for g in grads])
-        flat = self.wire.all_reduce(flat, self.topo.data_parallel_ranks(self.me))
-        sizes = [g.size for g in grads]
-        return tuple(part.reshape(g.shape) for part, g in zip(ops.split(flat, sizes), grads))
+        """Sum gradients over the replicas, as one flat buffer (one message); a tied weight's
+        over every rank holding a copy (its replicas included)."""
+        grads = list(grads)
+        plain = [k for k in range(len(grads)) if k not in self.tied]
+        if self.config.data_parallel > 1 and plain:
+            flat = ops.cat([grads[k].reshape(-1) for k in plain])
+            flat = self.wire.all_reduce(flat, self.topo.data_parallel_ranks(self.me))
+            for k, part in zip(plain, ops.split(flat, [grads[k].size for k in plain])):
+                grads[k] = part.reshape(grads[k].shape)
+        for k, ranks in self.tied.items():
+            grads[k] = self.wire.all_reduce(grads[k], ranks)
+        return tuple(grads)
 
     def _step_loss(self, losses):
         """The last stages hold the loss; one world all-reduce gives it to every rank."""

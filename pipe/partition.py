@@ -67,7 +67,9 @@ def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform
     back into one that loads into it.
     """
     first, last = stage_bounds(model, stages, method)[stage]
-    names = {id(p): name for name, p in model.parameters_and_names()}
+    names = {}
+    for name, p in model.parameters_and_names():    # a tied weight keeps its first name
+        names.setdefault(id(p), name)
     layers = [model[i] for i in range(first, last)]
-    params = [p for cell in layers for p in cell.trainable_params()]
-    return layers, [names[id(p)] for p in params]
+    params = {id(p): p for cell in layers for p in cell.trainable_params()}   # distinct, in order
+    return layers, [names[i] for i in params]

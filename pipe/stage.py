@@ -50,6 +50,32 @@ class _Forward(nn.Cell):
         return (loss, dlogits * scale), saved
 
 
+def slots(layers):
+    """For each distinct parameter of `layers` (first use order), the positions of its
+    gradients in the per-layer gradient list: a weight used by two layers (a tied embedding
+    and output head) gets both gradients summed."""
+    positions, order = {}, []
+    k = 0
+    for layer in layers:
+        for p in layer.trainable_params():
+            if id(p) not in positions:
+                positions[id(p)] = []
+                order.append(id(p))
+            positions[id(p)].append(k)
+            k += 1
+    return tuple(tuple(positions[i]) for i in order)
+
+
+def _accumulate(accumulators, grads, positions):
+    """accumulators[u] + the gradients at positions[u], for every parameter u (unrolled)."""
+    summed = ()
+    for u, acc in enumerate(accumulators):
+        for k in positions[u]:
+            acc = acc + grads[k]
+        summed = summed + (acc,)
+    return summed
+
+
 class _LayerGrad(nn.Cell):
     """(x, dy) -> (dx, weight grads) for one layer. With `input_grad=False` dx is not needed
     (the first layer of the model) and the compiler skips computing it."""
@@ -79,6 +105,7 @@ class _Backward(nn.Cell):
         grads = [_LayerGrad(layer, input_grad or i > 0) for i, layer in enumerate(layers)]
         self.reversed_grads = nn.CellList(grads[::-1])
         self.count = len(layers)
+        self.positions = slots(layers)
 
     @ms.jit
     def construct(self, dy, accumulators, *saved):
@@ -88,10 +115,7 @@ class _Backward(nn.Cell):
             i = i - 1                           # cannot differentiate at a tuple's element
             dy, dw = layer_grad(saved[i], dy)
             grads = dw + grads
-        summed = ()
-        for acc, g in zip(accumulators, grads):
-            summed = summed + (acc + g,)
-        return dy, summed
+        return dy, _accumulate(accumulators, grads, self.positions)
 
 
 class _LayerInputGrad(nn.Cell):
@@ -145,6 +169,7 @@ class _WeightGrad(nn.Cell):
         self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.count = len(layers)
+        self.positions = slots(layers)
 
     @ms.jit
     def construct(self, accumulators, *tensors):   # tensors: saved inputs, then stashed dys
@@ -154,10 +179,7 @@ class _WeightGrad(nn.Cell):
             grads = grads + self.grad(layer, self.weights[k])(tensors[self.inputs[k]],
                                                               tensors[self.count + k])
             k = k + 1
-        summed = ()
-        for acc, g in zip(accumulators, grads):
-            summed = summed + (acc + g,)
-        return summed
+        return _accumulate(accumulators, grads, self.positions)
 
 
 class Stage:
@@ -170,7 +192,7 @@ class Stage:
 
     def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
         self.layers = leaves(layers)
-        self.params = [p for layer in self.layers for p in layer.trainable_params()]
+        self.params = list({id(p): p for layer in self.layers for p in layer.trainable_params()}.values())
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Forward(self.layers)
