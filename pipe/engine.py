@@ -73,6 +73,7 @@ class PipelineConfig:
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
     virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters" or layer counts per stage
+    recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
 
@@ -111,8 +112,8 @@ class PipelineEngine:
         for c in range(v):
             vs = self.schedule.virtual_stage(self.me, c)
             layers, names = partition(model, V, vs, config.partition)
-            self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None,
-                                     is_first=vs == 0, grad_scale=scale))
+            self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
+                                     grad_scale=scale, recompute=config.recompute))
             self.bounds.append(self.all_bounds[vs])
             self.param_names.append(names)
         self.params = [p for chunk in self.chunks for p in chunk.params]

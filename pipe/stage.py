@@ -182,15 +182,26 @@ class _WeightGrad(nn.Cell):
         return _accumulate(accumulators, grads, self.positions)
 
 
+def _nbytes(entry):
+    """Bytes of the tensors in a saved entry (nested tuples, None, labels)."""
+    if isinstance(entry, (tuple, list)):
+        return sum(_nbytes(e) for e in entry)
+    return entry.nbytes if isinstance(entry, ms.Tensor) else 0
+
+
 class Stage:
     """A slice of the model on this rank, with its in-flight activations and its gradients.
 
     `forward(mb, x)` returns the activation for the next stage (on the last stage: the loss),
     `backward(mb, dy)` the gradient for the previous stage, and accumulates weight gradients
     over the micro-batches of a step, scaled so their sum is the step's mean gradient.
+
+    With `recompute`, a micro-batch in flight keeps only its stage input; the backward runs
+    the forward again to get the layer inputs back (activation recomputation: less memory,
+    one more forward). `peak_bytes` is the most activation memory held at once.
     """
 
-    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
+    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, recompute=False):
         self.layers = leaves(layers)
         self.params = list({id(p): p for layer in self.layers for p in layer.trainable_params()}.values())
         self.is_last = loss_fn is not None
@@ -201,38 +212,59 @@ class Stage:
         self._weight_grad = _WeightGrad(self.layers)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
+        self.recompute = recompute
         self.saved = {}        # micro-batch -> (inputs of every layer, gradient to start from)
         self.grads = None      # accumulated weight gradients, in `params` order
+        self.held_bytes = self.peak_bytes = 0
 
     def zero_grads(self):
         self.grads = tuple(ops.zeros(p.shape, p.dtype) for p in self.params)
 
     def forward(self, mb, x, labels=None):
         out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale)
-        if self.is_last:
-            loss, dlogits = out
-            self.saved[mb] = (saved, dlogits)
-            return loss
-        self.saved[mb] = (saved, None)
-        return out
+        if self.recompute:
+            self._keep(mb, ((x,), labels))               # the stage input only
+        elif self.is_last:
+            self._keep(mb, (saved, out[1]))             # layer inputs, d loss / d logits
+        else:
+            self._keep(mb, (saved, None))
+        return out[0] if self.is_last else out
 
     def backward(self, mb, dy=None):
-        saved, dlogits = self.saved.pop(mb)
-        dx, self.grads = self._backward(dlogits if self.is_last else dy, ms.mutable(self.grads), *saved)
+        saved, start = self._restore(mb)
+        dx, self.grads = self._backward(start if self.is_last else dy, ms.mutable(self.grads), *saved)
         return dx
 
     def backward_input(self, mb, dy=None):
         """B of a split backward: the gradient for the previous stage only. What W needs
         (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
-        saved, dlogits = self.saved[mb]
-        dx, stashed = self._input_grad(dlogits if self.is_last else dy, *saved)
-        self.saved[mb] = (saved, stashed)
+        saved, start = self._restore(mb)
+        dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
+        self._keep(mb, (saved, stashed))
         return dx
 
     def backward_weight(self, mb):
         """W of a split backward: this micro-batch's weight gradients, accumulated."""
-        saved, stashed = self.saved.pop(mb)
+        saved, stashed = self._take(mb)
         self.grads = self._weight_grad(ms.mutable(self.grads), *saved, *stashed)
+
+    def _restore(self, mb):
+        """The layer inputs of micro-batch `mb` (recomputed if only the input was kept)."""
+        kept, extra = self._take(mb)
+        if not self.recompute:
+            return kept, extra
+        out, saved = self._forward(kept[0], self._no_labels if extra is None else extra, self._scale)
+        return saved, out[1] if self.is_last else None
+
+    def _keep(self, mb, entry):
+        self.saved[mb] = entry
+        self.held_bytes += _nbytes(entry)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
+    def _take(self, mb):
+        entry = self.saved.pop(mb)
+        self.held_bytes -= _nbytes(entry)
+        return entry
 
     def infer(self, x):
         """Forward only, keeping nothing: the model's output on the last stage."""

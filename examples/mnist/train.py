@@ -63,6 +63,8 @@ def parse_args(argv=None):
                    help="seconds a rank may wait on another without progress before failing")
     p.add_argument("--log-every", type=_count, default=10)
     p.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy at the end")
+    p.add_argument("--recompute", action="store_true",
+                   help="keep only each stage's input per micro-batch; recompute in backward")
     args = p.parse_args(argv)
     if args.steps < 0 or args.save_every < 0:
         p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
@@ -99,6 +101,7 @@ def train(args, wire=None):
     config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device, timeout=args.timeout,
+                            recompute=args.recompute,
                             virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
     rank0 = engine.wire.rank == 0
@@ -131,6 +134,9 @@ def train(args, wire=None):
             say(f"step {step:5d}  loss {loss:.6f}")
         if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
             engine.save(args.save, step, checkpoint_meta)
+
+    held = [chunk.peak_bytes for chunk in engine.chunks]
+    say(f"peak activation memory held by rank 0: {sum(held) / 2**20:.2f} MiB")
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
     accuracy = None
