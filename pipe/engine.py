@@ -20,7 +20,7 @@ from mindspore import nn, ops
 from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
 from pipe.handshake import handshake
-from pipe.partition import partition, stage_bounds
+from pipe.partition import partition, profile_layers, stage_bounds
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule, format_position
 from pipe.stage import Stage
@@ -72,7 +72,7 @@ class PipelineConfig:
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
     virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
-    partition: Union[str, list] = "uniform"  # "uniform", "parameters" or layer counts per stage
+    partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
@@ -95,23 +95,26 @@ class PipelineConfig:
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training."""
 
-    def __init__(self, model, loss_fn, make_optimizer, config: PipelineConfig, wire=None):
+    def __init__(self, model, loss_fn, make_optimizer, config: PipelineConfig, wire=None,
+                 sample=None):
+        """`sample`: one micro-batch of inputs, needed by partition="time" to time layers."""
         config.check()
         self.config = config
         self.topo = Topology(config.stages, config.data_parallel)
         self.wire = wire or connect(config.device, config.timeout)
         self.topo.check_world_size(self.wire.size)
+        self.partition = self._timed_costs(model, sample) if config.partition == "time" else config.partition
         rank = self.wire.rank
         self.me, self.replica = self.topo.stage_of(rank), self.topo.replica_of(rank)
         v = config.virtual_stages
         self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches, v)
         V = self.schedule.virtual_stages
-        self.all_bounds = stage_bounds(model, V, config.partition)
+        self.all_bounds = stage_bounds(model, V, self.partition)
         scale = 1.0 / (config.micro_batches * config.data_parallel)
         self.chunks, self.bounds, self.param_names = [], [], []   # per model chunk of this rank
         for c in range(v):
             vs = self.schedule.virtual_stage(self.me, c)
-            layers, names = partition(model, V, vs, config.partition)
+            layers, names = partition(model, V, vs, self.partition)
             self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
                                      grad_scale=scale, recompute=config.recompute))
             self.bounds.append(self.all_bounds[vs])
@@ -247,6 +250,15 @@ class PipelineEngine:
         self._inbox[("B", action.mb, action.chunk)] = self._p2p_now.recv_backward(action)
 
     # ---- after the schedule -------------------------------------------------------------
+    def _timed_costs(self, model, sample):
+        """Every rank times every layer on its device; the all-reduced mean is the same
+        everywhere, so every rank computes the same balanced split."""
+        if sample is None:
+            raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time the layers')
+        costs = np.array(profile_layers(model, ms.Tensor(np.asarray(sample))), np.float32)
+        total = self.wire.all_reduce(ms.Tensor(costs), tuple(range(self.topo.world_size))).asnumpy()
+        return tuple(float(c) / self.topo.world_size for c in total)
+
     def _tied_weights(self, model):
         """{index in self.params: every rank holding a copy} for weights that several stages
         use (a tied embedding and output head). Each copy starts equal (same seed); summing
@@ -322,7 +334,7 @@ class PipelineEngine:
     def _layout(self):
         c = self.config
         return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
-                "virtual_stages": c.virtual_stages, "partition": c.partition}
+                "virtual_stages": c.virtual_stages, "bounds": [list(b) for b in self.all_bounds]}
 
     def write_trace(self, path):
         """Every rank writes its recorded spans; rank 0 merges them into `path`."""

@@ -1,9 +1,12 @@
 """Splitting an `nn.SequentialCell` into contiguous pipeline stages."""
+import statistics
+import time
 from functools import lru_cache
 
-from mindspore import nn
+import mindspore as ms
+from mindspore import nn, ops
 
-__all__ = ["partition", "balance", "stage_bounds"]
+__all__ = ["partition", "balance", "stage_bounds", "profile_layers"]
 
 
 def balance(costs, stages):
@@ -31,17 +34,53 @@ def balance(costs, stages):
     return list(best(0, stages)[1])
 
 
+class _LayerStep(nn.Cell):
+    """One layer's forward and backward, compiled: what a stage spends on it per micro-batch."""
+
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)
+        self.layer, self.weights = layer, ms.ParameterTuple(layer.trainable_params())
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
+
+    @ms.jit
+    def construct(self, x, dy):
+        return self.grad(self.layer, self.weights)(x, dy)
+
+
+def profile_layers(model, x, repeats=5):
+    """Median seconds of each layer's forward + backward at input `x` (a micro-batch), on the
+    current device: the costs for the "time" partition (torchgpipe's balance by time)."""
+    costs = []
+    for layer in model:
+        y = layer(x)
+        step = _LayerStep(layer)
+        step(x, ops.ones_like(y))[0][0].asnumpy()            # compile and warm up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step(x, ops.ones_like(y))[0][0].asnumpy()
+            times.append(time.perf_counter() - start)
+        costs.append(statistics.median(times))
+        x = y
+    return costs
+
+
 def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
     """[(first, last + 1)] layer indices per stage.
 
     method: "uniform" (equal layer counts, the extra layers go to the first stages),
-    "parameters" (balance the parameter count), or an explicit list of layer counts.
+    "parameters" (balance the parameter count), a list of layer counts per stage, or a
+    tuple of per-layer costs (from `profile_layers`) to balance.
     """
     layers = len(model)
     if stages > layers:
         raise ValueError(f"cannot split {layers} layers into {stages} stages: every stage needs "
                          f"at least one layer; use --stages {layers} or fewer, or a deeper model")
-    if isinstance(method, (list, tuple)):
+    if isinstance(method, tuple):
+        if len(method) != layers:
+            raise ValueError(f"{len(method)} layer costs given for a model of {layers} layers")
+        sizes = balance(method, stages)
+    elif isinstance(method, list):
         sizes = [int(s) for s in method]
         if len(sizes) != stages or sum(sizes) != layers or min(sizes) < 1:
             raise ValueError(f"explicit partition {sizes} must have {stages} positive sizes "
@@ -51,8 +90,8 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
     elif method == "parameters":
         sizes = balance([sum(p.size for p in cell.get_parameters()) for cell in model], stages)
     else:
-        raise ValueError(f"unknown partition method {method!r}: use 'uniform', 'parameters' "
-                         "or a list of layer counts per stage")
+        raise ValueError(f"unknown partition method {method!r}: use 'uniform', 'parameters', "
+                         "'time', or a list of layer counts per stage")
     bounds, start = [], 0
     for size in sizes:
         bounds.append((start, start + size))

@@ -133,7 +133,7 @@ def test_resume_with_another_layout_is_refused(saved):
     done = run_example(1, *SMALL, "--steps", 4, "--resume", saved[0])
     assert done.returncode == 2
     assert "was saved with {'stages': 2, 'data_parallel': 1, 'schedule': '1f1b', 'virtual_stages': " \
-           "1, 'partition': 'uniform'}, this run is {'stages': 1," in done.stderr
+           "1, 'bounds': [[0, 2], [2, 4]]}, this run is {'stages': 1," in done.stderr
     assert "resume with the same --stages/--dp/--schedule/--virtual-stages/--partition" in done.stderr
 
 

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--results", default="benchmark.jsonl")
     p.add_argument("--label", default="", help="names this run in the results")
     p.add_argument("--trace", metavar="FILE", help="record one extra step as Chrome trace JSON")
+    p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
+    p.add_argument("--recompute", action="store_true")
     return p.parse_args(argv)
 
 
@@ -107,8 +109,9 @@ def main(argv=None):
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
                                 virtual_stages=2 if args.schedule == "interleaved-1f1b" else 1,
-                                partition="parameters", device=device)
-        engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
+                                partition=args.partition, recompute=args.recompute, device=device)
+        engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
+                                sample=x[:args.batch_size // (D * args.micro_batches)])
         rank, stage = engine.wire.rank, engine.me
         for first, last in engine.bounds:          # this rank's model chunks
             own_random_weights(model, first, last, seed=0)
@@ -124,7 +127,11 @@ def main(argv=None):
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,
            "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
-           "peak_memory_bytes": peak_memory(device)}
+           "peak_memory_bytes": peak_memory(device), "partition": args.partition,
+           "recompute": args.recompute}
+    if args.impl == "pipe":
+        row["bounds"] = engine.all_bounds
+        row["peak_activation_bytes"] = sum(chunk.peak_bytes for chunk in engine.chunks)
     with open(args.results, "a") as f:   # one short line per rank: appends do not interleave
         f.write(json.dumps(row) + "\n")
 
