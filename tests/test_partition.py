@@ -26,6 +26,22 @@ def test_explicit_sizes():
         stage_bounds(mlp([4] * 6), 2, [2, 2])
 
 
+def test_measured_costs_balance_the_slowest_stage():
+    model = mlp([4] * 7)
+    assert stage_bounds(model, 2, (5.0, 1.0, 1.0, 1.0, 1.0, 1.0)) == [(0, 1), (1, 6)]
+    with pytest.raises(ValueError, match="2 layer costs given for a model of 6 layers"):
+        stage_bounds(model, 2, (1.0, 1.0))
+
+
+def test_profiling_sees_the_wide_layer():
+    import mindspore as ms
+    import numpy as np
+    from pipe.partition import profile_layers
+    model = nn.SequentialCell([nn.Dense(4096, 1024), nn.Dense(1024, 8), nn.Dense(8, 8)])
+    costs = profile_layers(model, ms.Tensor(np.ones((256, 4096), np.float32)))
+    assert costs[0] > 3 * max(costs[1:])
+
+
 def test_more_stages_than_layers():
     with pytest.raises(ValueError, match=r"cannot split 3 layers into 4 stages: every stage needs "
                                          r"at least one layer; use --stages 3 or fewer"):

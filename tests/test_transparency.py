@@ -37,6 +37,7 @@ def runs(tmp_path_factory):
                for s in SCHEDULES for p, d in LAYOUTS]
     configs.append((4, FLAGS + ADAM + layout_flags("1f1b", 2, 2) + ["--save", root / "adam-2x2"]))
     configs.append((1, FLAGS + SGD + layout_flags("gpipe", 1, 1) + ["--save", root / "gpipe-1x1"]))
+    configs.append((2, FLAGS + SGD + layout_flags("1f1b", 2, 1) + ["--partition", "time", "--save", root / "time-2x1"]))
     done = run_many(configs)
     assert done.returncode == 0, done.stderr[-3000:]
     for entry in os.listdir(root):
@@ -58,6 +59,11 @@ def test_pipeline_equals_single_process(runs, schedule, stages, dp):
 
 def test_single_stage_schedules_agree(runs):
     assert_same_weights(runs["gpipe-1x1"], runs["single-sgd"])
+
+
+def test_time_balanced_partition_equals_single_process(runs):
+    """Every rank times the layers, the mean decides the split: the ranks must agree."""
+    assert_same_weights(runs["time-2x1"], runs["single-sgd"])
 
 
 def test_adam_pipeline_equals_single_process(runs):

@@ -14,6 +14,7 @@ import shutil
 import sys
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +64,8 @@ def parse_args(argv=None):
                    help="seconds a rank may wait on another without progress before failing")
     p.add_argument("--log-every", type=_count, default=10)
     p.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy at the end")
+    p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="uniform",
+                   help="split layers by count, by parameters, or by measured time")
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
     args = p.parse_args(argv)
@@ -101,14 +104,15 @@ def train(args, wire=None):
     config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device, timeout=args.timeout,
-                            recompute=args.recompute,
+                            recompute=args.recompute, partition=args.partition,
                             virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
-    engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire)
+    sample = np.zeros((args.batch_size // (args.dp * args.micro_batches), 784), np.float32)
+    engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
     say = (lambda text: print(text, flush=True)) if rank0 else (lambda text: None)
     train_x, train_y, test_x, test_y, source = data.load(args.data, args.data_dir, args.seed, say)
-    say(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP; data: {source}, "
-        f"{len(train_x)} training / {len(test_x)} held-out samples")
+    say(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP, layers per stage "
+        f"{engine.all_bounds}; data: {source}, {len(train_x)} training / {len(test_x)} held-out samples")
 
     # ---- resume: same layout, same seed; the data stream skips what was consumed ------
     stream = data.batches(train_x, train_y, args.batch_size, args.seed)
