@@ -22,18 +22,8 @@ import numpy as np
 from mindspore import nn, ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
 from pipe.stage import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
-
-
-class _Recompute(nn.Cell):
-    def __init__(self, net):
-        super().__init__(auto_prefix=False)
-        self.net, self.weights = net, ms.ParameterTuple(net.trainable_params())
-        self.grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
-
-    @ms.jit
-    def construct(self, x, dy):
-        return self.grad(self.net, self.weights)(x, dy)
 
 
 def best_ms(fn, repeat=5):
@@ -58,7 +48,7 @@ def main():
     net = nn.SequentialCell(layers)
     x = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
     dy = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
-    forward, backward, recompute = _Forward(layers), _Backward(layers, True), _Recompute(net)
+    forward, backward, recompute = _Forward(layers), _Backward(layers, True), _LayerStep(net)
     zeros = ms.mutable(tuple(ops.zeros(q.shape, q.dtype) for q in net.trainable_params()))
     _, saved = forward(x, ms.Tensor(0), ms.Tensor(1.0))
     sync = lambda out: out[0].asnumpy()

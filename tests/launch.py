@@ -22,6 +22,12 @@ def run_example(ranks, *args, timeout=240):
     return _run(cmd if ranks == 1 else ["mpiexec", "-n", str(ranks)] + cmd, timeout)
 
 
+def run_check(script, ranks, *args, timeout=180):
+    """`mpiexec -n ranks python tests/<script> args`: a check written against the engine."""
+    return _run(["mpiexec", "-n", str(ranks), sys.executable, os.path.join(ROOT, "tests", script),
+                 *map(str, args)], timeout)
+
+
 def run_many(configs, timeout=900):
     """Several (ranks, flags) trainings in one mpiexec launch (see mpi_worker.py)."""
     ranks = max(n for n, _ in configs)

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from launch import ENV, ROOT, TRAIN, load, run_example
+from launch import ENV, ROOT, TRAIN, load, run_check, run_example
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",
          "--log-every", "1", "--seed", "5"]
@@ -46,8 +46,7 @@ def rank_process(proc, rank):
 
 def test_mismatched_stage_shapes_fail_every_rank_quickly():
     begin = time.monotonic()
-    done = subprocess.run(["mpiexec", "-n", "2", sys.executable, os.path.join(ROOT, "tests", "bad_shapes.py")],
-                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
+    done = run_check("bad_shapes.py", 2, timeout=60)
     elapsed = time.monotonic() - begin
     print(f"shape mismatch: all ranks exited after {elapsed:.1f} s")
     message = ("error: shape check failed before the first step: stage 1 cannot take the activation "

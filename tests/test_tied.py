@@ -1,17 +1,12 @@
 """A weight shared by the first and last stage (tied embedding and output head) trains like
 one process, and its copies stay bitwise equal after every step (tests/tied_check.py)."""
-import subprocess
-import sys
-
 import pytest
 
-from launch import ENV, ROOT
+from launch import run_check
 
 
 @pytest.mark.parametrize("stages,dp", [(3, 1), (2, 2)])
 def test_tied_weights_train_like_one_process(stages, dp):
-    done = subprocess.run(["mpiexec", "-n", str(stages * dp), sys.executable, "tests/tied_check.py",
-                           str(stages), str(dp)], capture_output=True, text=True, env=ENV,
-                          cwd=ROOT, timeout=180)
+    done = run_check("tied_check.py", stages * dp, stages, dp)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("5 steps, losses equal, tied copies bitwise equal") == stages * dp
