@@ -25,3 +25,14 @@ def test_mistake_fails_on_every_rank(ranks, flags, message):
     assert done.returncode != 0
     assert done.stderr.count(message) == ranks   # ranks' lines may interleave
     assert "Traceback" not in done.stderr
+
+
+def test_damaged_mnist_file_is_named(tmp_path):
+    import gzip
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        with gzip.open(tmp_path / f"{name}.gz", "wb") as f:
+            f.write(b"\x00\x00\x08\x03" + b"\x00" * 10)      # a header cut short
+    done = run_example(1, "--data", "mnist", "--data-dir", tmp_path, "--steps", 1)
+    assert done.returncode == 2
+    assert f"error: {tmp_path}/train-images-idx3-ubyte.gz is not a complete MNIST IDX file" in done.stderr

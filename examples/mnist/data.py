@@ -23,8 +23,13 @@ def _read_idx(directory, name):
             opener = gzip.open if path.endswith(".gz") else open
             with opener(path, "rb") as f:
                 raw = f.read()
-            ndim = raw[3]
+            ndim = raw[3] if len(raw) > 4 else 0
             dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+            if raw[:3] != b"\x00\x00\x08" or ndim not in (1, 3) or \
+                    len(raw) != 4 + 4 * ndim + int(np.prod(dims)):
+                raise ValueError(f"{path} is not a complete MNIST IDX file (bad header or "
+                                 f"{len(raw)} bytes): delete it and run "
+                                 "examples/mnist/download_dataset.py again")
             return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(dims)
     raise FileNotFoundError(f"{name}[.gz] not found in {directory!r}: put the four MNIST IDX "
                             "files there, or use --data synthetic")
