@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
