@@ -129,6 +129,7 @@ class PipelineEngine:
         self.p2p = None                  # set by the shape handshake before the first step
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.watchdog = None if self.wire.has_deadlines else Watchdog(config.timeout, self._where)
+        self._warm, self._executing = {}, None   # which schedules have run (and compiled) once
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
         self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
                      "sF": self._send_forward, "rF": self._recv_forward,
@@ -143,11 +144,14 @@ class PipelineEngine:
         for chunk in self.chunks:
             chunk.zero_grads()
         self._execute(self.schedule, self.p2p, batch)          # forward / backward, messages
+        self._arm("all-reduce of the gradients")
         with self._span("all-reduce"):
             grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
+        self._arm("all-reduce of the loss")
         loss = self._step_loss(batch.outputs)
+        self._disarm(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
                                      "learning rate (--lr) or check the inputs for NaN/inf")
@@ -164,6 +168,7 @@ class PipelineEngine:
         shapes = {vs: ((rows,) + shape[1:], dtype) for vs, (shape, dtype) in self.p2p.shapes.items()}
         p2p = PointToPoint(self.wire, self.forward_only, self.p2p.ranks, self.me, shapes)
         self._execute(self.forward_only, p2p, batch)
+        self._disarm(self.forward_only)
         last = self.chunks[-1].is_last
         out = np.concatenate([o.asnumpy() for o in batch.outputs]) if last else None
         if not broadcast:
@@ -174,15 +179,25 @@ class PipelineEngine:
 
     def _execute(self, schedule, p2p, batch):
         """Run this rank's actions in order. This loop is the whole runtime."""
-        self._p2p_now = p2p
+        self._p2p_now, self._executing = p2p, schedule.name
         for i, action in enumerate(schedule.actions[self.me]):
-            if self.watchdog:
-                self.watchdog.progress((schedule, i))
+            self._arm((schedule, i))
             try:
                 with self._span(str(action)):
                     self._run[action.kind](action, batch)
             except Exception as e:
                 raise PipelineError(f"{e}\n{self._where((schedule, i))}", self.wire) from e
+
+    def _arm(self, where):
+        """Time the wait that starts now, once this kind of step has run (compiled) once."""
+        if self.watchdog and self._warm.get(self._executing):
+            self.watchdog.progress(where)
+
+    def _disarm(self, schedule):
+        """Between steps the user's code runs: nothing to time."""
+        if self.watchdog:
+            self.watchdog.pause()
+        self._warm[schedule.name] = True
 
     def _where(self, position):
         """Which rank, which action, shown in this rank's action list."""
