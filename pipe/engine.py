@@ -11,7 +11,6 @@ import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Union
 
 import mindspore as ms
 import numpy as np
@@ -19,8 +18,9 @@ from mindspore import nn, ops
 
 from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
+from pipe.config import PipelineConfig
 from pipe.handshake import handshake
-from pipe.partition import partition, profile_layers, stage_bounds
+from pipe.partition import partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule, format_position
 from pipe.stage import Stage
@@ -64,34 +64,6 @@ class _Batch:
     outputs: list = field(default_factory=list)   # losses (training) or model outputs
 
 
-@dataclass
-class PipelineConfig:
-    stages: int = 1                      # P: pipeline depth, one stage per rank
-    data_parallel: int = 1               # D: pipeline replicas, each fed B/D samples
-    micro_batches: int = 1               # M: micro-batches per replica per step
-    batch_size: int = 1                  # B: global mini-batch per step
-    schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
-    virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
-    partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
-    recompute: bool = False              # keep only stage inputs; rerun the forward in backward
-    device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
-    timeout: float = 300.0               # seconds a send/receive may wait without progress
-
-    def check(self):
-        """Every mistake that can be found without talking to another rank."""
-        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "virtual_stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        per_step = self.data_parallel * self.micro_batches
-        if self.batch_size % per_step:
-            raise ValueError(
-                f"batch size {self.batch_size} cannot be split over {self.data_parallel} "
-                f"data-parallel replicas x {self.micro_batches} micro-batches: it must be a "
-                f"multiple of {per_step}; try --batch-size "
-                f"{max(per_step, self.batch_size // per_step * per_step)}")
-
-
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training."""
 
@@ -103,7 +75,8 @@ class PipelineEngine:
         self.topo = Topology(config.stages, config.data_parallel)
         self.wire = wire or connect(config.device, config.timeout)
         self.topo.check_world_size(self.wire.size)
-        self.partition = self._timed_costs(model, sample) if config.partition == "time" else config.partition
+        self.partition = config.partition if config.partition != "time" else \
+            timed_costs(model, sample, self.wire, self.topo.world_size)
         rank = self.wire.rank
         self.me, self.replica = self.topo.stage_of(rank), self.topo.replica_of(rank)
         v = config.virtual_stages
@@ -122,7 +95,8 @@ class PipelineEngine:
         self.params = [p for chunk in self.chunks for p in chunk.params]
         for p, name in zip(self.params, sum(self.param_names, [])):
             p.name = name            # the stage's wrapper cells renamed it; optimizers want unique names
-        self.tied = self._tied_weights(model)
+        self.tied = tied_weights(model, self.all_bounds, self.params, lambda vs: [
+            self.topo.rank_of(self.schedule.rank_of(vs), r) for r in range(config.data_parallel)])
         self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)
         self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
@@ -265,34 +239,6 @@ class PipelineEngine:
         self._inbox[("B", action.mb, action.chunk)] = self._p2p_now.recv_backward(action)
 
     # ---- after the schedule -------------------------------------------------------------
-    def _timed_costs(self, model, sample):
-        """Every rank times every layer on its device; the all-reduced mean is the same
-        everywhere, so every rank computes the same balanced split."""
-        if sample is None:
-            raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time the layers')
-        costs = np.array(profile_layers(model, ms.Tensor(np.asarray(sample))), np.float32)
-        total = self.wire.all_reduce(ms.Tensor(costs), tuple(range(self.topo.world_size))).asnumpy()
-        return tuple(float(c) / self.topo.world_size for c in total)
-
-    def _tied_weights(self, model):
-        """{index in self.params: every rank holding a copy} for weights that several stages
-        use (a tied embedding and output head). Each copy starts equal (same seed); summing
-        their gradients over all copies before every step keeps them equal."""
-        users = {}
-        for vs, (first, last) in enumerate(self.all_bounds):
-            for layer in model[first:last]:
-                for p in layer.trainable_params():
-                    users.setdefault(id(p), set()).add(vs)
-        if len({id(p) for p in self.params}) < len(self.params):
-            raise ValueError("a weight is shared by two model chunks of the same rank: use "
-                             "another --virtual-stages or partition")
-        tied = {}
-        for k, p in sorted(enumerate(self.params), key=lambda kp: kp[1].name):
-            if len(users[id(p)]) > 1:
-                tied[k] = tuple(sorted({self.topo.rank_of(self.schedule.rank_of(vs), r)
-                                        for vs in users[id(p)] for r in range(self.config.data_parallel)}))
-        return tied
-
     def _all_reduce_grads(self, grads):
         """Sum gradients over the replicas, as one flat buffer (one message); a tied weight's
         over every rank holding a copy (its replicas included)."""

@@ -4,9 +4,10 @@ import time
 from functools import lru_cache
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
-__all__ = ["partition", "balance", "stage_bounds", "profile_layers"]
+__all__ = ["partition", "balance", "stage_bounds", "profile_layers", "timed_costs", "tied_weights"]
 
 
 def balance(costs, stages):
@@ -112,3 +113,33 @@ def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform
     layers = [model[i] for i in range(first, last)]
     params = {id(p): p for cell in layers for p in cell.trainable_params()}   # distinct, in order
     return layers, [names[i] for i in params]
+
+
+def timed_costs(model, sample, wire, world):
+    """Per-layer costs for partition="time". Every rank times every layer on its device and
+    the all-reduced mean is the same everywhere, so every rank computes the same split."""
+    if sample is None:
+        raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time the layers')
+    costs = np.array(profile_layers(model, ms.Tensor(np.asarray(sample))), np.float32)
+    total = wire.all_reduce(ms.Tensor(costs), tuple(range(world))).asnumpy()
+    return tuple(float(c) / world for c in total)
+
+
+def tied_weights(model, bounds, params, ranks_of_stage):
+    """{index in `params`: every rank holding a copy} for the weights that several stages
+    use (a tied embedding and output head). Each copy starts equal (same seed); summing their
+    gradients over all copies before every step keeps them equal. `ranks_of_stage(vs)`
+    lists the ranks (one per replica) that run virtual stage vs."""
+    users = {}
+    for vs, (first, last) in enumerate(bounds):
+        for layer in model[first:last]:
+            for p in layer.trainable_params():
+                users.setdefault(id(p), set()).add(vs)
+    if len({id(p) for p in params}) < len(params):
+        raise ValueError("a weight is shared by two model chunks of the same rank: use "
+                         "another --virtual-stages or partition")
+    tied = {}
+    for k, p in sorted(enumerate(params), key=lambda kp: kp[1].name):
+        if len(users[id(p)]) > 1:
+            tied[k] = tuple(sorted({r for vs in users[id(p)] for r in ranks_of_stage(vs)}))
+    return tied

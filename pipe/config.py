@@ -1,0 +1,33 @@
+"""Everything that decides how a model is pipelined, in one object, checked before any message."""
+from dataclasses import dataclass
+from typing import Union
+
+__all__ = ["PipelineConfig"]
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = 1                      # P: pipeline depth, one stage per rank
+    data_parallel: int = 1               # D: pipeline replicas, each fed B/D samples
+    micro_batches: int = 1               # M: micro-batches per replica per step
+    batch_size: int = 1                  # B: global mini-batch per step
+    schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
+    virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
+    partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
+    recompute: bool = False              # keep only stage inputs; rerun the forward in backward
+    device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
+    timeout: float = 300.0               # seconds a send/receive may wait without progress
+
+    def check(self):
+        """Every mistake that can be found without talking to another rank."""
+        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        per_step = self.data_parallel * self.micro_batches
+        if self.batch_size % per_step:
+            raise ValueError(
+                f"batch size {self.batch_size} cannot be split over {self.data_parallel} "
+                f"data-parallel replicas x {self.micro_batches} micro-batches: it must be a "
+                f"multiple of {per_step}; try --batch-size "
+                f"{max(per_step, self.batch_size // per_step * per_step)}")
