@@ -93,9 +93,10 @@ class PipelineEngine:
             self.bounds.append(self.all_bounds[vs])
             self.param_names.append(names)
         self.params = [p for chunk in self.chunks for p in chunk.params]
-        for p, name in zip(self.params, sum(self.param_names, [])):
+        names = sum(self.param_names, [])
+        for p, name in zip(self.params, names):
             p.name = name            # the stage's wrapper cells renamed it; optimizers want unique names
-        self.tied = tied_weights(model, self.all_bounds, self.params, lambda vs: [
+        self.tied = tied_weights(model, self.all_bounds, self.params, names, lambda vs: [
             self.topo.rank_of(self.schedule.rank_of(vs), r) for r in range(config.data_parallel)])
         self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)

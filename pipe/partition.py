@@ -125,11 +125,12 @@ def timed_costs(model, sample, wire, world):
     return tuple(float(c) / world for c in total)
 
 
-def tied_weights(model, bounds, params, ranks_of_stage):
+def tied_weights(model, bounds, params, names, ranks_of_stage):
     """{index in `params`: every rank holding a copy} for the weights that several stages
     use (a tied embedding and output head). Each copy starts equal (same seed); summing their
-    gradients over all copies before every step keeps them equal. `ranks_of_stage(vs)`
-    lists the ranks (one per replica) that run virtual stage vs."""
+    gradients over all copies before every step keeps them equal. `names` are the params'
+    whole-model names (the order of the all-reduces, the same on every rank);
+    `ranks_of_stage(vs)` lists the ranks (one per replica) that run virtual stage vs."""
     users = {}
     for vs, (first, last) in enumerate(bounds):
         for layer in model[first:last]:
@@ -139,7 +140,8 @@ def tied_weights(model, bounds, params, ranks_of_stage):
         raise ValueError("a weight is shared by two model chunks of the same rank: use "
                          "another --virtual-stages or partition")
     tied = {}
-    for k, p in sorted(enumerate(params), key=lambda kp: kp[1].name):
+    for k in sorted(range(len(params)), key=lambda k: names[k]):
+        p = params[k]
         if len(users[id(p)]) > 1:
             tied[k] = tuple(sorted({r for vs in users[id(p)] for r in ranks_of_stage(vs)}))
     return tied
