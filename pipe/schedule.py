@@ -5,9 +5,9 @@ split the backward), for one micro-batch on one of the rank's model chunks. `low
 the point-to-point messages; `pipe.simulator` replays the result to check and time it; the
 engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "lower", "message_key", "peak_in_flight"]
+__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule", "lower", "message_key", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
@@ -46,7 +46,6 @@ class Schedule:
     actions: list                  # actions[rank] -> [Action, ...]
     chunks: int = 1
     split_backward: bool = False
-    lowered: bool = field(default=False)
 
     @property
     def virtual_stages(self):
@@ -178,6 +177,17 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleave
              "zb-h1": zb_h1}
 
 
+def make_schedule(name, stages, micro_batches, chunks=1):
+    """The named schedule's compute actions (`chunks` model chunks per rank: interleaved only)."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
+    if name == "interleaved-1f1b":
+        return interleaved_1f1b(stages, micro_batches, chunks)
+    if chunks > 1:
+        raise ValueError(f"--virtual-stages {chunks} needs --schedule interleaved-1f1b, not {name!r}")
+    return SCHEDULES[name](stages, micro_batches)
+
+
 def forward_only(stages, micro_batches, chunks=1):
     """Inference: every micro-batch's forward through each chunk in turn (GPipe's first half)."""
     F = [Action("F", m, c) for c in range(chunks) for m in range(micro_batches)]
@@ -265,7 +275,7 @@ def lower(schedule):
             raise ValueError(f"schedule {schedule.name!r} can never complete: messages that no "
                              f"rank will ever pair, per rank: {stuck}")
     return Schedule(schedule.name, schedule.stages, schedule.micro_batches, out,
-                    schedule.chunks, schedule.split_backward, lowered=True)
+                    schedule.chunks, schedule.split_backward)
 
 
 def message_key(schedule, rank, action):
@@ -313,10 +323,9 @@ def main(argv=None):
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
-    make = canonical.SCHEDULES[args.schedule]
-    compute = make(args.stages, args.micro_batches, args.virtual_stages) \
-        if args.schedule == "interleaved-1f1b" else make(args.stages, args.micro_batches)
-    schedule = canonical.lower(compute)
+    chunks = args.virtual_stages if args.schedule == "interleaved-1f1b" else 1
+    schedule = canonical.lower(canonical.make_schedule(args.schedule, args.stages,
+                                                       args.micro_batches, chunks))
     f, b, w = measured_costs(args.measured, schedule) if args.measured else args.cost
     costs = canonical.action_costs(schedule, f, b, w)
     try:

@@ -7,7 +7,7 @@ would hang on real hardware: `Deadlock` names every rank and what it waits for.
 """
 from dataclasses import dataclass
 
-from pipe.schedule import SCHEDULES, lower, message_key
+from pipe.schedule import lower, make_schedule, message_key
 
 __all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position", "checked_schedule"]
 
@@ -134,13 +134,7 @@ def format_position(schedule, rank, index, context=6):
 
 def checked_schedule(name, stages, micro_batches, chunks=1):
     """The named schedule with its messages, refused if the simulator finds a deadlock."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
-    if chunks > 1 and name != "interleaved-1f1b":
-        raise ValueError(f"--virtual-stages {chunks} needs --schedule interleaved-1f1b, not {name!r}")
-    make = SCHEDULES[name]
-    schedule = lower(make(stages, micro_batches, chunks) if name == "interleaved-1f1b"
-                     else make(stages, micro_batches))
+    schedule = lower(make_schedule(name, stages, micro_batches, chunks))
     simulate(schedule)
     return schedule
 

@@ -1,7 +1,7 @@
 """Schedules as data: literal step x rank tables, and the invariants every schedule keeps."""
 import pytest
 
-from pipe.schedule import SCHEDULES, action_costs, lower, message_key, peak_in_flight
+from pipe.schedule import SCHEDULES, action_costs, lower, make_schedule, message_key, peak_in_flight
 from pipe.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
@@ -76,9 +76,7 @@ def test_lowered_messages_of_two_stage_1f1b():
 
 
 def build(name, stages, micro_batches, chunks=2):
-    make = SCHEDULES[name]
-    return lower(make(stages, micro_batches, chunks) if name == "interleaved-1f1b"
-                 else make(stages, micro_batches))
+    return lower(make_schedule(name, stages, micro_batches, chunks if name == "interleaved-1f1b" else 1))
 
 
 def message_pairs(schedule):

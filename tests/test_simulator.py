@@ -6,8 +6,7 @@ from pipe.simulator import Deadlock, checked_schedule, simulate
 
 
 def test_receive_without_send_is_a_deadlock():
-    broken = Schedule("broken", 2, 1, [[Action("F", 0)], [Action("rF", 0, peer=0), Action("F", 0)]],
-                      lowered=True)
+    broken = Schedule("broken", 2, 1, [[Action("F", 0)], [Action("rF", 0, peer=0), Action("F", 0)]])
     with pytest.raises(Deadlock) as err:
         simulate(broken)
     assert err.value.waiting == {1: Action("rF", 0, peer=0)}
@@ -19,7 +18,7 @@ def test_both_neighbours_sending_first_is_a_deadlock():
     rank0 = [Action("F", 1), Action("sF", 1, peer=1), Action("rB", 0, peer=1), Action("B", 0)]
     rank1 = [Action("B", 0), Action("sB", 0, peer=0), Action("rF", 1, peer=0), Action("F", 1)]
     with pytest.raises(Deadlock) as err:
-        simulate(Schedule("cycle", 2, 2, [rank0, rank1], lowered=True))
+        simulate(Schedule("cycle", 2, 2, [rank0, rank1]))
     assert sorted(err.value.waiting) == [0, 1]
     assert "rank 0 waits at step 1: sF1 (peer rank 1)" in str(err.value)
     assert "rank 1 waits at step 1: sB0 (peer rank 0)" in str(err.value)
@@ -30,9 +29,9 @@ def test_messages_out_of_order_are_refused():
     rank0 = [Action("F", 0), Action("F", 1), Action("sF", 0, peer=1), Action("sF", 1, peer=1)]
     rank1 = [Action("rF", 1, peer=0), Action("rF", 0, peer=0), Action("F", 0), Action("F", 1)]
     with pytest.raises(Deadlock, match="exchange different messages"):
-        simulate(Schedule("swapped", 2, 2, [rank0, rank1], lowered=True), eager_sends=True)
+        simulate(Schedule("swapped", 2, 2, [rank0, rank1]), eager_sends=True)
     with pytest.raises(Deadlock, match="exchange different messages"):
-        simulate(Schedule("swapped", 2, 2, [rank0, rank1], lowered=True))
+        simulate(Schedule("swapped", 2, 2, [rank0, rank1]))
 
 
 def test_lowering_an_impossible_compute_order_fails():
