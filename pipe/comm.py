@@ -54,13 +54,16 @@ class MpiWire:
         self.groups = {}
 
     def _wait(self, request, what):
-        deadline = time.monotonic() + self.timeout
+        """Poll until done. The pause doubles up to 1 ms: a quick message is taken at once,
+        and a long wait (a peer compiling) leaves the CPU to the processes doing work."""
+        deadline, pause = time.monotonic() + self.timeout, 20e-6
         while not request.Test():
             if time.monotonic() > deadline:
                 request.Cancel()
                 raise WireTimeout(f"rank {self.rank}: no progress for {self.timeout:g} s while "
                                   f"waiting to {what}")
-            time.sleep(20e-6)
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def abort(self, code, grace=2.0):
         """End every process of the job (a normal exit would wait for stuck peers), after a

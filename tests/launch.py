@@ -1,8 +1,15 @@
-"""Starting the MNIST example as real processes, and reading back what it saved."""
+"""Starting real processes for the tests, and reading back what each rank wrote.
+
+Every rank's stdout and stderr go to files of their own (mpiexec's -outfile-pattern), so
+two ranks' lines can never merge into one: a test reads `job.outs[rank]` / `job.errs[rank]`.
+"""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import mindspore as ms
 
@@ -12,28 +19,105 @@ WORKER = os.path.join(ROOT, "tests", "mpi_worker.py")
 ENV = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
 
 
-def _run(cmd, timeout):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+class Job:
+    """`mpiexec -n ranks cmd` (the bare command for one rank), started at once.
+
+    After `wait()`, `outs[r]` and `errs[r]` hold rank r's output; `stdout` / `stderr` join
+    them in rank order (the launcher's own messages last)."""
+
+    def __init__(self, ranks, cmd):
+        self.ranks, self.logs = ranks, tempfile.mkdtemp(prefix="pipe-test-")
+        if ranks > 1:
+            cmd = ["mpiexec", "-n", str(ranks),
+                   "-outfile-pattern", self._path("out.%r"),
+                   "-errfile-pattern", self._path("err.%r"), *cmd]
+            names = ("launcher", "launcher")           # what mpiexec itself prints
+        else:
+            names = ("out.0", "err.0")
+        with open(self._path(names[0]), "a") as out, open(self._path(names[1]), "a") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=ENV,
+                                         cwd=ROOT, start_new_session=True)
+        self.outs = self.errs = None
+        self.launcher = ""
+
+    def _path(self, name):
+        return os.path.join(self.logs, name)
+
+    def _read(self, name):
+        try:
+            with open(self._path(name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def out_so_far(self, rank):
+        return self._read(f"out.{rank}")
+
+    def wait_for_line(self, rank, prefix, limit=300):
+        """Block until rank `rank` has printed a line starting with `prefix`."""
+        deadline = time.monotonic() + limit
+        while not any(line.startswith(prefix) for line in self.out_so_far(rank).splitlines()):
+            if self.proc.poll() is not None:
+                self.wait(0)
+                raise AssertionError(f"the job ended before rank {rank} printed {prefix!r}:\n"
+                                     f"{self.stderr[-3000:]}")
+            assert time.monotonic() < deadline, f"rank {rank} printed no {prefix!r} in {limit} s"
+            time.sleep(0.1)
+
+    def wait(self, timeout):
+        """Wait for the job to end (it is killed after `timeout` s), then read its output."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+            raise
+        finally:
+            self.outs = [self._read(f"out.{r}") for r in range(self.ranks)]
+            self.errs = [self._read(f"err.{r}") for r in range(self.ranks)]
+            self.launcher = self._read("launcher")
+            shutil.rmtree(self.logs, ignore_errors=True)
+        return self
+
+    @property
+    def returncode(self):
+        return self.proc.returncode
+
+    @property
+    def stdout(self):
+        return "".join(self.outs)
+
+    @property
+    def stderr(self):
+        return "".join(self.errs) + self.launcher
 
 
-def run_example(ranks, *args, timeout=240):
-    """`mpiexec -n ranks python train.py args` (no launcher for one rank)."""
-    cmd = [sys.executable, TRAIN, *map(str, args)]
-    return _run(cmd if ranks == 1 else ["mpiexec", "-n", str(ranks)] + cmd, timeout)
+def run_example(ranks, *args, timeout=300):
+    """`mpiexec -n ranks python train.py args` (no launcher for one rank), to its end."""
+    return Job(ranks, [sys.executable, TRAIN, *map(str, args)]).wait(timeout)
 
 
-def run_check(script, ranks, *args, timeout=180):
+def run_check(script, ranks, *args, timeout=300):
     """`mpiexec -n ranks python tests/<script> args`: a check written against the engine."""
-    return _run(["mpiexec", "-n", str(ranks), sys.executable, os.path.join(ROOT, "tests", script),
-                 *map(str, args)], timeout)
+    return Job(ranks, [sys.executable, os.path.join(ROOT, "tests", script), *map(str, args)]).wait(timeout)
 
 
 def run_many(configs, timeout=900):
     """Several (ranks, flags) trainings in one mpiexec launch (see mpi_worker.py)."""
     ranks = max(n for n, _ in configs)
     payload = json.dumps([[n, [str(f) for f in flags]] for n, flags in configs])
-    return _run(["mpiexec", "-n", str(ranks), sys.executable, WORKER, payload], timeout)
+    return Job(ranks, [sys.executable, WORKER, payload]).wait(timeout)
 
 
 def load(path):
     return {name: p.asnumpy() for name, p in ms.load_checkpoint(str(path)).items()}
+
+
+def results(directory):
+    """{rank: what train() returned there} for a run_many configuration saved in `directory`."""
+    found = {}
+    for name in os.listdir(directory):
+        if name.startswith("result-rank"):
+            with open(os.path.join(directory, name)) as f:
+                found[int(name[len("result-rank"):-len(".json")])] = json.load(f)
+    return found

