@@ -19,11 +19,12 @@ import time
 import numpy as np
 import mindspore as ms
 
-__all__ = ["connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint", "WireTimeout"]
+__all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint", "WireTimeout"]
 
 
-_NUMPY = {ms.float32: np.float32, ms.float16: np.float16, ms.float64: np.float64,
-          ms.int32: np.int32, ms.int64: np.int64}
+# Every dtype a pipeline may send, and its numpy type for the CPU wire (None: numpy has none).
+WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
+               ms.float64: np.float64, ms.int32: np.int32, ms.int64: np.int64}
 
 
 class WireTimeout(RuntimeError):
@@ -34,6 +35,7 @@ class SoloWire:
     """One process, nothing to talk to: all-reduce over a group of one is the identity."""
 
     rank, size, has_deadlines = 0, 1, True
+    dtypes = set(WIRE_DTYPES)          # nothing travels
 
     def all_reduce(self, tensor, ranks):
         return tensor
@@ -51,6 +53,7 @@ class MpiWire:
         self.MPI, self.world = MPI, communicator or MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.timeout, self.has_deadlines = timeout, True
+        self.dtypes = {dtype for dtype, numpy_type in WIRE_DTYPES.items() if numpy_type}
         self.groups = {}
 
     def _wait(self, request, what):
@@ -77,7 +80,7 @@ class MpiWire:
         self._wait(self.world.Issend(data, dest=dst, tag=tag), f"send (tag {tag}) to rank {dst}")
 
     def recv(self, shape, dtype, src, tag):
-        data = np.empty(shape, _NUMPY[dtype])
+        data = np.empty(shape, WIRE_DTYPES[dtype])
         self._wait(self.world.Irecv(data, source=src, tag=tag), f"receive (tag {tag}) from rank {src}")
         return ms.Tensor(data)
 
@@ -107,6 +110,7 @@ class MindSporeWire:
         self.world = GlobalComm.WORLD_COMM_GROUP
         self.rank, self.size = get_rank(), get_group_size()
         self.has_deadlines = False       # NCCL/HCCL waits cannot time out: the engine watches
+        self.dtypes = set(WIRE_DTYPES)
         self.ops = {}
 
     def _op(self, key, make):

@@ -17,6 +17,7 @@ class PipelineConfig:
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
+    clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
@@ -24,6 +25,9 @@ class PipelineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= self.clip_grad_norm < float("inf"):
+            raise ValueError(f"clip_grad_norm must be 0 (off) or a positive finite number, "
+                             f"got {self.clip_grad_norm!r}")
         per_step = self.data_parallel * self.micro_batches
         if self.batch_size % per_step:
             raise ValueError(

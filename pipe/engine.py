@@ -20,7 +20,7 @@ from pipe import checkpoint
 from pipe.comm import PointToPoint, connect
 from pipe.config import PipelineConfig
 from pipe.handshake import handshake
-from pipe.partition import partition, stage_bounds, tied_weights, timed_costs
+from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule, format_position
 from pipe.stage import Stage
@@ -71,6 +71,7 @@ class PipelineEngine:
                  sample=None):
         """`sample`: one micro-batch of inputs, needed by partition="time" to time layers."""
         config.check()
+        check_model(model)
         self.config = config
         self.topo = Topology(config.stages, config.data_parallel)
         self.wire = wire or connect(config.device, config.timeout)
@@ -93,9 +94,11 @@ class PipelineEngine:
             self.bounds.append(self.all_bounds[vs])
             self.param_names.append(names)
         self.params = [p for chunk in self.chunks for p in chunk.params]
-        names = sum(self.param_names, [])
-        for p, name in zip(self.params, names):
-            p.name = name            # the stage's wrapper cells renamed it; optimizers want unique names
+        self.buffers = [b for chunk in self.chunks for b in chunk.buffers]
+        for chunk, names in zip(self.chunks, self.param_names):
+            for p, name in zip(chunk.params + chunk.buffers, names):
+                p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
+        names = [p.name for p in self.params]
         self.tied = tied_weights(model, self.all_bounds, self.params, names, lambda vs: [
             self.topo.rank_of(self.schedule.rank_of(vs), r) for r in range(config.data_parallel)])
         self.optimizer = make_optimizer(self.params)
@@ -122,8 +125,12 @@ class PipelineEngine:
         self._arm("all-reduce of the gradients")
         with self._span("all-reduce"):
             grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
+        if self.config.clip_grad_norm:
+            grads = self._clip(grads)
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
+        if self.buffers and self.config.data_parallel > 1:
+            self._average_buffers()
         self._arm("all-reduce of the loss")
         loss = self._step_loss(batch.outputs)
         self._disarm(self.schedule)
@@ -254,6 +261,29 @@ class PipelineEngine:
             grads[k] = self.wire.all_reduce(grads[k], ranks)
         return tuple(grads)
 
+    def _clip(self, grads):
+        """Scale every gradient by clip / max(norm, clip), `norm` the L2 norm of the whole
+        model's gradient (as ops.clip_by_global_norm on one process). Each rank adds up the
+        squares of its own gradients, a tied weight's on its first stage only; the world sums
+        them, and the D replicas, holding the same gradients, count D times."""
+        owned = [g for k, g in enumerate(grads)
+                 if k not in self.tied or self.wire.rank == min(
+                     r for r in self.tied[k] if self.topo.replica_of(r) == self.replica)]
+        squares = sum(float((g * g).sum().asnumpy()) for g in owned)
+        total = self.wire.all_reduce(ms.Tensor([squares], ms.float32), tuple(range(self.topo.world_size)))
+        norm = math.sqrt(float(total.asnumpy()[0]) / self.config.data_parallel)
+        clip = self.config.clip_grad_norm
+        return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
+
+    def _average_buffers(self):
+        """Replicas see different data, so their moving statistics drift apart: after every
+        step each holds the mean over the replicas. (One all-reduce per buffer: a slice of a
+        flat buffer would be a view, which batch norm's in-place update refuses; assigned in
+        place, since compiled graphs hold the buffer's storage.)"""
+        ranks, D = self.topo.data_parallel_ranks(self.me), self.config.data_parallel
+        for buffer in self.buffers:
+            ops.assign(buffer, self.wire.all_reduce(buffer.value(), ranks) / D)
+
     def _step_loss(self, losses):
         """The last stages hold the loss; one world all-reduce gives it to every rank."""
         mine = sum(float(l.asnumpy()) for l in losses) / self.config.micro_batches
@@ -269,7 +299,7 @@ class PipelineEngine:
             for c, chunk in enumerate(self.chunks):
                 vs = self.schedule.virtual_stage(self.me, c)
                 checkpoint.save_params(os.path.join(where, f"stage-{vs}.ckpt"),
-                                       zip(self.param_names[c], chunk.params))
+                                       zip(self.param_names[c], chunk.params + chunk.buffers))
             checkpoint.save_params(os.path.join(where, f"optimizer-{self.me}.ckpt"),
                                    self.optimizer.parameters_and_names())
         self.barrier()
@@ -288,7 +318,7 @@ class PipelineEngine:
         for c, chunk in enumerate(self.chunks):
             vs = self.schedule.virtual_stage(self.me, c)
             values = ms.load_checkpoint(os.path.join(where, f"stage-{vs}.ckpt"))
-            for p, name in zip(chunk.params, self.param_names[c]):
+            for p, name in zip(chunk.params + chunk.buffers, self.param_names[c]):
                 p.set_data(values[name])
         ms.load_param_into_net(self.optimizer, ms.load_checkpoint(os.path.join(where, f"optimizer-{self.me}.ckpt")))
         return meta

@@ -9,11 +9,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-__all__ = ["handshake"]
+from pipe.comm import WIRE_DTYPES
+
+__all__ = ["handshake", "check_input"]
 
 TAG = 32000                            # above every micro-batch message's tag
 HEADER = 8                             # int32s: rank of the shape, dtype index, dims...
-DTYPES = [ms.float32, ms.float16, ms.bfloat16, ms.float64, ms.int32, ms.int64]
+DTYPES = list(WIRE_DTYPES)             # a dtype travels in the header as its index here
+FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
+KINDS = ("shape", "dtype", "wire")     # what a stage's check can find wrong
 
 
 def write_header(spec):
@@ -31,17 +35,44 @@ def read_header(header):
     return tuple(int(d) for d in header[2:2 + header[0]]), DTYPES[int(header[1])]
 
 
-def _expected_features(stage):
-    """What the stage's first layer takes, if it says (nn.Dense does): for the message."""
-    return getattr(stage.layers[0], "in_channels", -1)
+def _first_weight(stage):
+    """The first float weight the stage's input meets, and its layer: what sets the dtype
+    (and, for nn.Dense, the features) the stage takes."""
+    for layer in stage.layers:
+        for p in layer.trainable_params():
+            return layer, p
+    return None, None
 
 
-def _mismatch(vs, spec, expects, bounds):
+def check_input(stage, spec, carried):
+    """Why `stage` cannot take an input of (shape, dtype) `spec`, found before running it:
+    (kind, expected) with kind "dtype" or "wire", or None. `carried`: the dtypes the wire
+    can bring it (None for the input batch, which does not travel)."""
+    shape, dtype = spec
+    if carried is not None and dtype not in carried:
+        return "wire", DTYPES.index(dtype)
+    layer, weight = _first_weight(stage)
+    if weight is not None and dtype in FLOATS and dtype != weight.dtype:
+        return "dtype", DTYPES.index(weight.dtype)
+    return None
+
+
+def _failure_text(vs, kind, expected, spec, bounds):
     first = bounds[vs][0]
-    wanted = f"; its first layer expects {expects} features" if expects > 0 else ""
-    return (f"stage {vs} cannot take the activation of shape {spec[0]} {spec[1]} that stage "
-            f"{vs - 1} sends across the boundary between layers {first - 1} and {first}{wanted}. "
-            f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input")
+    coming = ("the input batch" if vs == 0 else
+              f"stage {vs - 1}'s output (the boundary between layers {first - 1} and {first})")
+    got = f"shape {spec[0]} {spec[1]}"
+    if kind == "wire":
+        return (f"stage {vs} would receive {coming} as {spec[1]}, which the CPU wire (numpy) "
+                "cannot carry; use float32 or float16 activations on CPU")
+    if kind == "dtype":
+        source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
+        return (f"dtype mismatch: stage {vs} receives {coming} as {spec[1]}, but the first "
+                f"weights it meets are {DTYPES[expected]}; cast {source} to {DTYPES[expected]}")
+    wanted = f"; its first layer expects {expected} features" if expected > 0 else ""
+    fix = (f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input" if vs
+           else f"Fix the input batch or layer {first}")
+    return f"stage {vs} cannot take {coming}, of {got}{wanted}. {fix}"
 
 
 def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
@@ -56,24 +87,31 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
             wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)], TAG).asnumpy())
         spec_out = None
         if spec_in is not None and failure is None:
-            try:
-                spec_out = stage.probe(ops.zeros(*spec_in), labels)
-            except (ValueError, TypeError, RuntimeError):
-                failure = (vs, spec_in, _expected_features(stage))
+            problem = check_input(stage, spec_in, wire.dtypes if vs else None)
+            if problem is None:
+                try:
+                    spec_out = stage.probe(ops.zeros(*spec_in), labels)
+                except (ValueError, TypeError, RuntimeError):
+                    layer, _ = _first_weight(stage)
+                    problem = "shape", getattr(layer, "in_channels", -1)
+            if problem is not None:
+                failure = (vs, *problem, spec_in)
         specs[vs], specs[vs + 1] = spec_in, spec_out
         if vs < V - 1:
             wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], TAG)
-    # One all-reduce: every rank's failure (stage, shape it got, what it expects), and the
-    # model's output spec for predict. Rows are summed, so each rank fills only its own.
+    # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it
+    # got), and the model's output spec for predict. Rows are summed, so each rank fills
+    # only its own.
     rows = np.zeros((world + 1, 3 + HEADER), np.int32)
     if failure is not None:
-        vs, spec, expects = failure
-        rows[wire.rank] = [1, vs, expects, *(write_header(spec) + 1)]   # +1: -1 pads sum to 0
+        vs, kind, expected, spec = failure
+        rows[wire.rank] = [KINDS.index(kind) + 1, vs, expected, *(write_header(spec) + 1)]  # +1: -1 pads sum to 0
     if stages[-1].is_last and ranks[0] == 0 and spec_out is not None:
         rows[world, 3:] = write_header(spec_out) + 1
     rows = wire.all_reduce(ms.Tensor(rows), tuple(range(world))).asnumpy()
-    failed = {(int(r[1]), int(r[2]), read_header(r[3:] - 1)) for r in rows[:world] if r[0]}
+    failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1))
+                     for r in rows[:world] if r[0]})
     if failed:
-        raise RuntimeError("shape check failed before the first step: " + "; ".join(
-            _mismatch(vs, spec, expects, bounds) for vs, expects, spec in sorted(failed)))
+        raise RuntimeError("check before the first step failed: " + "; ".join(
+            _failure_text(vs, kind, expected, spec, bounds) for vs, kind, expected, spec in failed))
     return specs, read_header(rows[world, 3:] - 1)

@@ -7,7 +7,38 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-__all__ = ["partition", "balance", "stage_bounds", "profile_layers", "timed_costs", "tied_weights"]
+from pipe.stage import is_plain_sequence, keeps_mask, leaves
+
+__all__ = ["check_model", "partition", "balance", "stage_bounds", "profile_layers", "timed_costs",
+           "tied_weights"]
+
+
+def check_model(model):
+    """Refuse, with the reason and the fix, a model that pipe could not split exactly."""
+    name = type(model).__name__
+    if not isinstance(model, nn.SequentialCell):
+        raise TypeError(f"pipe splits an nn.SequentialCell into stages, layer by layer; the model "
+                        f"is a {name}: list its layers in an nn.SequentialCell")
+    if not is_plain_sequence(model):
+        raise TypeError(f"the model is a {name}, a SequentialCell subclass with its own construct: "
+                        "pipe would split it by its children and skip that construct; wrap the "
+                        "block with the skip connection as one layer of a plain nn.SequentialCell")
+    for i in range(len(model)):
+        for layer in leaves([model[i]]):
+            _check_layer(i, layer)
+
+
+def _check_layer(i, layer):
+    inner = [type(c).__name__ for _, c in layer.cells_and_names() if "Dropout" in type(c).__name__]
+    if inner and not keeps_mask(layer):
+        raise TypeError(f"layer {i} ({type(layer).__name__}) draws random numbers inside "
+                        f"({', '.join(inner)}): its backward would run it again and draw "
+                        "others; make each dropout an nn.Dropout layer of its own")
+    for p in layer.trainable_params():
+        if p.dtype != ms.float32:
+            raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe trains "
+                            "float32 parameters (mixed precision with a loss scale is not "
+                            "implemented); keep the weights float32 and cast inside the layer")
 
 
 def balance(costs, stages):
@@ -102,7 +133,9 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
 
 
 def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform"):
-    """The layers of `stage`, and the names their parameters have in the whole `model`.
+    """The layers of `stage`, and the names that its parameters, then its buffers (batch
+    norm's moving statistics), have in the whole `model`: the order of `Stage.params +
+    Stage.buffers`.
 
     Names are taken from the unpartitioned model so that per-stage checkpoints merge
     back into one that loads into it.
@@ -113,7 +146,8 @@ def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform
         names.setdefault(id(p), name)
     layers = [model[i] for i in range(first, last)]
     params = {id(p): p for cell in layers for p in cell.trainable_params()}   # distinct, in order
-    return layers, [names[i] for i in params]
+    buffers = {id(p): p for cell in layers for p in cell.untrainable_params()}
+    return layers, [names[i] for i in params] + [names[i] for i in buffers]
 
 
 def timed_costs(model, sample, wire, world):

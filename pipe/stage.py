@@ -8,32 +8,71 @@ dW = dY^T X) are not recomputed: their forward is dead code in the backward grap
 compiler drops it. So a stage runs forward + backward at ~3x the forward's cost, not the
 ~4x of differentiating the whole stage again from its input.
 
+Two kinds of layer need more than that. Dropout keeps the mask it drew instead of its
+input: running it again in the backward would draw another. Layers with buffers (batch
+norm's moving statistics) update them when run in training mode; the backward runs them
+again, so the stage puts the buffers back as they were after every backward.
+
 (`ms.jit` returns tensors, not a closure over the forward, and PyNative `ms.vjp` keeps
 one but runs op by op; see docs/benchmarks.md for the measurements behind this choice.)
 """
+from contextlib import contextmanager
+
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["Stage", "leaves"]
+__all__ = ["Stage", "leaves", "is_plain_sequence"]
+
+
+def is_plain_sequence(cell):
+    """A SequentialCell that only chains its children: one whose class overrides
+    `construct` (a skip connection, say) is a layer of its own, not a list of layers."""
+    return isinstance(cell, nn.SequentialCell) and type(cell).construct is nn.SequentialCell.construct
 
 
 def leaves(cells):
-    """The innermost layers, in order: nested `SequentialCell`s are flattened so activations
-    are kept at the finest grain (a Dense and its ReLU separately)."""
+    """The innermost layers, in order: nested plain `SequentialCell`s are flattened so
+    activations are kept at the finest grain (a Dense and its ReLU separately)."""
     out = []
     for cell in cells:
-        out += leaves(list(cell.cells())) if isinstance(cell, nn.SequentialCell) else [cell]
+        out += leaves(list(cell.cells())) if is_plain_sequence(cell) else [cell]
     return out
 
 
+def keeps_mask(layer):
+    return type(layer) is nn.Dropout
+
+
+class _KeepInput(nn.Cell):
+    """x -> (layer(x), x): what the layer's backward is computed from."""
+
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x):
+        return self.layer(x), x
+
+
+class _KeepMask(nn.Cell):
+    """Dropout: x -> (x * mask / keep_prob, mask), the mask drawn once, here."""
+
+    def __init__(self, dropout):
+        super().__init__(auto_prefix=False)
+        self.draw = dropout.dropout          # nn.Dropout's own ops.Dropout and seeds
+
+    def construct(self, x):
+        return self.draw(x)
+
+
 class _Forward(nn.Cell):
-    """x -> (output, inputs of every layer). On the last stage the output is
-    (loss, d loss / d logits x scale): the loss gradient is cheap, and starting the
-    backward from it means the logits need not be kept."""
+    """x -> (output, residual of every layer: its input, or dropout's mask). On the last
+    stage the output is (loss, d loss / d logits x scale): the loss gradient is cheap, and
+    starting the backward from it means the logits need not be kept."""
 
     def __init__(self, layers, loss_fn=None):
         super().__init__(auto_prefix=False)
-        self.layers = nn.CellList(layers)
+        self.layers = nn.CellList([_KeepMask(l) if keeps_mask(l) else _KeepInput(l) for l in layers])
         self.loss_fn = loss_fn
         if loss_fn is not None:
             self.loss_and_grad = ms.value_and_grad(loss_fn, grad_position=0)
@@ -42,12 +81,27 @@ class _Forward(nn.Cell):
     def construct(self, x, labels, scale):
         saved = ()
         for layer in self.layers:
-            saved = saved + (x,)
-            x = layer(x)
+            x, residual = layer(x)
+            saved = saved + (residual,)
         if self.loss_fn is None:
             return x, saved
         loss, dlogits = self.loss_and_grad(x, labels)
         return (loss, dlogits * scale), saved
+
+
+class _Infer(nn.Cell):
+    """x -> the stage's output, keeping nothing (layers in eval mode: no dropout, batch
+    norm from its moving statistics)."""
+
+    def __init__(self, layers):
+        super().__init__(auto_prefix=False)
+        self.layers = nn.CellList(layers)
+
+    @ms.jit
+    def construct(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
 def slots(layers):
@@ -76,6 +130,25 @@ def _accumulate(accumulators, grads, positions):
     return summed
 
 
+class _MaskGrad(nn.Cell):
+    """Dropout's backward from its kept mask: (mask, dy) -> (dy * mask / keep_prob, ())."""
+
+    def __init__(self, dropout):
+        super().__init__(auto_prefix=False)
+        self.scale = 1.0 / dropout.dropout.keep_prob
+
+    def construct(self, mask, dy):
+        return dy * mask.astype(dy.dtype) * self.scale, ()
+
+
+def _layer_grads(layers, make, input_grad):
+    """The per-layer backward cells, last layer first. The first layer of the model needs
+    no input gradient (`input_grad` False) and the compiler then skips computing it."""
+    grads = [_MaskGrad(layer) if keeps_mask(layer) else make(layer, input_grad or i > 0)
+             for i, layer in enumerate(layers)]
+    return nn.CellList(grads[::-1])
+
+
 class _LayerGrad(nn.Cell):
     """(x, dy) -> (dx, weight grads) for one layer. With `input_grad=False` dx is not needed
     (the first layer of the model) and the compiler skips computing it."""
@@ -102,8 +175,7 @@ class _Backward(nn.Cell):
 
     def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
-        grads = [_LayerGrad(layer, input_grad or i > 0) for i, layer in enumerate(layers)]
-        self.reversed_grads = nn.CellList(grads[::-1])
+        self.reversed_grads = _layer_grads(layers, _LayerGrad, input_grad)
         self.count = len(layers)
         self.positions = slots(layers)
 
@@ -141,8 +213,7 @@ class _InputGrad(nn.Cell):
 
     def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
-        grads = [_LayerInputGrad(layer, input_grad or i > 0) for i, layer in enumerate(layers)]
-        self.reversed_grads = nn.CellList(grads[::-1])
+        self.reversed_grads = _layer_grads(layers, _LayerInputGrad, input_grad)
         self.count = len(layers)
 
     @ms.jit
@@ -189,12 +260,17 @@ def _nbytes(entry):
     return entry.nbytes if isinstance(entry, ms.Tensor) else 0
 
 
+def distinct(parameters):
+    return list({id(p): p for p in parameters}.values())
+
+
 class Stage:
     """A slice of the model on this rank, with its in-flight activations and its gradients.
 
     `forward(mb, x)` returns the activation for the next stage (on the last stage: the loss),
     `backward(mb, dy)` the gradient for the previous stage, and accumulates weight gradients
     over the micro-batches of a step, scaled so their sum is the step's mean gradient.
+    Training calls run the layers in training mode, `infer` in eval mode.
 
     With `recompute`, a micro-batch in flight keeps only its stage input; the backward runs
     the forward again to get the layer inputs back (activation recomputation: less memory,
@@ -203,53 +279,76 @@ class Stage:
 
     def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, recompute=False):
         self.layers = leaves(layers)
-        self.params = list({id(p): p for layer in self.layers for p in layer.trainable_params()}.values())
+        self.params = distinct(p for layer in self.layers for p in layer.trainable_params())
+        self.buffers = distinct(p for layer in self.layers for p in layer.untrainable_params())
+        if recompute and any(keeps_mask(layer) for layer in self.layers):
+            raise ValueError("recompute=True cannot be used with nn.Dropout layers: the "
+                             "recomputed forward would draw new dropout masks; turn one off")
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
-        self._infer = _Forward(self.layers)
+        self._infer = _Infer(self.layers)
         self._backward = _Backward(self.layers, input_grad=not is_first)
         self._input_grad = _InputGrad(self.layers, input_grad=not is_first)
         self._weight_grad = _WeightGrad(self.layers)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
-        self.saved = {}        # micro-batch -> (inputs of every layer, gradient to start from)
+        self.training = None   # the mode the layers are in
+        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
         self.grads = None      # accumulated weight gradients, in `params` order
         self.held_bytes = self.peak_bytes = 0
+
+    def _mode(self, training):
+        if self.training != training:
+            for layer in self.layers:
+                layer.set_train(training)
+            self.training = training
+
+    @contextmanager
+    def _buffers_kept(self):
+        """Put the buffers back as they were: the backward runs layers a second time."""
+        before = [b.value().copy() for b in self.buffers]
+        yield
+        for buffer, value in zip(self.buffers, before):
+            ops.assign(buffer, value)        # in place: compiled graphs hold its storage
 
     def zero_grads(self):
         self.grads = tuple(ops.zeros(p.shape, p.dtype) for p in self.params)
 
     def forward(self, mb, x, labels=None):
+        self._mode(True)
         out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale)
         if self.recompute:
             self._keep(mb, ((x,), labels))               # the stage input only
         elif self.is_last:
-            self._keep(mb, (saved, out[1]))             # layer inputs, d loss / d logits
+            self._keep(mb, (saved, out[1]))             # layer residuals, d loss / d logits
         else:
             self._keep(mb, (saved, None))
         return out[0] if self.is_last else out
 
     def backward(self, mb, dy=None):
-        saved, start = self._restore(mb)
-        dx, self.grads = self._backward(start if self.is_last else dy, ms.mutable(self.grads), *saved)
+        with self._buffers_kept():
+            saved, start = self._restore(mb)
+            dx, self.grads = self._backward(start if self.is_last else dy, ms.mutable(self.grads), *saved)
         return dx
 
     def backward_input(self, mb, dy=None):
         """B of a split backward: the gradient for the previous stage only. What W needs
         (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
-        saved, start = self._restore(mb)
-        dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
+        with self._buffers_kept():
+            saved, start = self._restore(mb)
+            dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
         self._keep(mb, (saved, stashed))
         return dx
 
     def backward_weight(self, mb):
         """W of a split backward: this micro-batch's weight gradients, accumulated."""
         saved, stashed = self._take(mb)
-        self.grads = self._weight_grad(ms.mutable(self.grads), *saved, *stashed)
+        with self._buffers_kept():
+            self.grads = self._weight_grad(ms.mutable(self.grads), *saved, *stashed)
 
     def _restore(self, mb):
-        """The layer inputs of micro-batch `mb` (recomputed if only the input was kept)."""
+        """The layer residuals of micro-batch `mb` (recomputed if only the input was kept)."""
         kept, extra = self._take(mb)
         if not self.recompute:
             return kept, extra
@@ -267,13 +366,16 @@ class Stage:
         return entry
 
     def infer(self, x):
-        """Forward only, keeping nothing: the model's output on the last stage."""
-        return self._infer(x, self._no_labels, self._scale)[0]
+        """Forward only, in eval mode, keeping nothing: the model's output on the last stage."""
+        self._mode(False)
+        return self._infer(x)
 
     def probe(self, x, labels):
-        """Run the training forward once on `x` (checking and compiling it), keeping nothing.
-        Returns the (shape, dtype) of this stage's output (on the last stage, the model's:
-        the logits' gradient has the logits' shape)."""
-        out, _ = self._forward(x, labels, self._scale)
+        """Run the training forward once on `x` (checking and compiling it), keeping nothing
+        and leaving the buffers as they were. Returns the (shape, dtype) of this stage's
+        output (on the last stage, the model's: the logits' gradient has the logits' shape)."""
+        self._mode(True)
+        with self._buffers_kept():
+            out, _ = self._forward(x, labels, self._scale)
         out = out[1] if self.is_last else out
         return tuple(out.shape), out.dtype

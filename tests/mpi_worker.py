@@ -6,8 +6,10 @@ Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
 each on its own ranks (an MPI sub-communicator): a pipeline waiting on its own stages
 leaves the CPU to another. Each rank of a configuration with --save DIR writes what it
-returned (every step's loss, peak activation memory) to DIR/result-rank<r>.json.
+returned (every step's loss, peak activation memory) and the SHA-256 of each buffer it
+holds (batch norm's moving statistics) to DIR/result-rank<r>.json.
 """
+import hashlib
 import json
 import os
 import sys
@@ -39,6 +41,8 @@ def waves(configs, world):
 def run(flags, communicator):
     args = train.parse_args(flags)
     result = train.train(args, MpiWire(120.0, communicator))
+    engine = result.pop("engine")
+    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in engine.buffers}
     if args.save:
         with open(os.path.join(args.save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:
             json.dump(result, f)

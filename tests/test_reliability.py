@@ -33,10 +33,9 @@ def rank_process(job, rank):
 
 def test_mismatched_stage_shapes_fail_every_rank_before_any_step():
     done = run_check("bad_shapes.py", 2)
-    message = ("error: shape check failed before the first step: stage 1 cannot take the activation "
-               "of shape (4, 16) Float32 that stage 0 sends across the boundary between layers 0 "
-               "and 1; its first layer expects 12 features. Fix the model so that layer 0's output "
-               "fits layer 1's input")
+    message = ("error: check before the first step failed: stage 1 cannot take stage 0's output "
+               "(the boundary between layers 0 and 1), of shape (4, 16) Float32; its first layer "
+               "expects 12 features. Fix the model so that layer 0's output fits layer 1's input")
     assert done.returncode != 0
     for rank in (0, 1):                   # each learns it from the check, not from a deadline
         assert f"rank {rank} {message}" in done.errs[rank]

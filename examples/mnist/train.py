@@ -5,8 +5,9 @@
     msrun --worker_num=2 --local_worker_num=2 --join=True \\
         examples/mnist/train.py --stages 2 --device GPU             # 2 GPUs
 
-The model is 784 -> L x (Dense H + ReLU) -> Dense 10. Its initial weights depend only on
---seed, so every layout (stages x replicas) trains the very same model from the same start.
+The model is 784 -> L x (Dense H + ReLU) -> Dense 10, or with --model cnn the small CNN of
+cnn.py (batch norm, a skip connection, dropout). Its initial weights depend only on --seed,
+so every layout (stages x replicas) trains the very same model from the same start.
 """
 import argparse
 import os
@@ -18,7 +19,8 @@ import numpy as np
 from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import data  # noqa: E402  (the example's own module, beside this file)
+import data  # noqa: E402  (the example's own modules, beside this file)
+from cnn import build_cnn  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.engine import PipelineConfig, PipelineEngine, PipelineError  # noqa: E402
 
@@ -38,6 +40,13 @@ def _positive(text):
     return value
 
 
+def _probability(text):
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stages", type=_count, default=1, help="pipeline stages P")
@@ -48,9 +57,13 @@ def parse_args(argv=None):
     p.add_argument("--virtual-stages", type=_count, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--layers", type=_count, default=3, help="hidden layers L")
     p.add_argument("--hidden", type=_count, default=256, help="hidden width H")
+    p.add_argument("--dropout", type=_probability, default=0.25, help="the CNN's dropout rate")
     p.add_argument("--lr", type=_positive, default=0.001)
+    p.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="C",
+                   help="scale gradients to a global L2 norm of at most C (0: off)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", choices=["synthetic", "mnist"], default="mnist",
@@ -96,7 +109,7 @@ def train(args, wire=None):
     ms.set_device(device)
     ms.set_seed(args.seed)
 
-    model = build_model(args.layers, args.hidden)
+    model = build_model(args.layers, args.hidden) if args.model == "mlp" else build_cnn(dropout=args.dropout)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     if args.optimizer == "sgd":
         make_optimizer = lambda params: nn.SGD(params, learning_rate=args.lr)
@@ -106,13 +119,15 @@ def train(args, wire=None):
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device, timeout=args.timeout,
                             recompute=args.recompute, partition=args.partition,
+                            clip_grad_norm=args.clip_grad_norm,
                             virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
     sample = np.zeros((args.batch_size // (args.dp * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
     say = (lambda text: print(text, flush=True)) if rank0 else (lambda text: None)
     train_x, train_y, test_x, test_y, source = data.load(args.data, args.data_dir, args.seed, say)
-    say(f"config: {config}\nmodel: {args.layers} x {args.hidden} MLP, layers per stage "
+    name = f"{args.layers} x {args.hidden} MLP" if args.model == "mlp" else "CNN"
+    say(f"config: {config}\nmodel: {name}, layers per stage "
         f"{engine.all_bounds}; data: {source}, {len(train_x)} training / {len(test_x)} held-out samples")
 
     # ---- resume: same layout, same seed; the data stream skips what was consumed ------
@@ -154,14 +169,14 @@ def train(args, wire=None):
     if args.save:
         engine.save(args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
-    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held}
+    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine}
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
         train(args)
-    except (ValueError, CheckpointError) as e:              # a usage mistake: what to change
+    except (ValueError, TypeError, CheckpointError) as e:   # a usage mistake: what to change
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     except FloatingPointError as e:                          # every rank saw the same loss

@@ -1,0 +1,160 @@
+"""A user's own model: what pipe refuses (with the fix), and the CNN of examples/mnist/cnn.py
+(batch norm, a skip connection, dropout) trained like one process. (Dropout's masks agree
+between forward and backward: tests/test_stage.py. The equivalence runs here use p=0,
+since each process draws its own masks.)
+
+The refusals and clipping run in this process; the CNN layouts run in one mpiexec launch.
+"""
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn, ops
+
+from launch import load, results, run_many
+from pipe.comm import MpiWire
+from pipe.engine import PipelineConfig, PipelineEngine
+from pipe.handshake import check_input
+from pipe.stage import Stage
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+class Residual(nn.SequentialCell):
+    """A skip connection written as a SequentialCell subclass: pipe cannot split this."""
+
+    def construct(self, x):
+        return x + super().construct(x)
+
+
+class NoisyBlock(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.dense, self.dropout = nn.Dense(4, 4), nn.Dropout(p=0.5)
+
+    def construct(self, x):
+        return self.dropout(self.dense(x))
+
+
+def engine(model, **config):
+    return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
+                          PipelineConfig(batch_size=4, **config))
+
+
+@pytest.mark.parametrize("model,message", [
+    (nn.Dense(4, 4), "pipe splits an nn.SequentialCell into stages, layer by layer; the model is "
+                     "a Dense: list its layers in an nn.SequentialCell"),
+    (Residual([nn.Dense(4, 4)]), "the model is a Residual, a SequentialCell subclass with its own "
+                                 "construct: pipe would split it by its children and skip that "
+                                 "construct; wrap the block with the skip connection as one layer "
+                                 "of a plain nn.SequentialCell"),
+    (nn.SequentialCell([nn.Dense(4, 4), NoisyBlock()]),
+     "layer 1 (NoisyBlock) draws random numbers inside (Dropout): its backward would run it again "
+     "and draw others; make each dropout an nn.Dropout layer of its own"),
+    (nn.SequentialCell([nn.Dense(4, 4, dtype=ms.float16)]),
+     "parameter '0.weight' of layer 0 is Float16: pipe trains float32 parameters (mixed precision "
+     "with a loss scale is not implemented); keep the weights float32 and cast inside the layer"),
+])
+def test_models_pipe_cannot_split_are_refused(model, message):
+    with pytest.raises(TypeError) as err:
+        engine(model)
+    assert str(err.value) == message
+
+
+def test_a_skip_connection_as_one_layer_is_kept_whole():
+    block = Residual([nn.Dense(4, 4)])
+    stage = Stage([nn.Dense(4, 4), block], is_first=False)
+    assert stage.layers[1] is block
+
+
+def test_recompute_with_dropout_is_refused():
+    with pytest.raises(ValueError, match="recompute=True cannot be used with nn.Dropout layers"):
+        engine(nn.SequentialCell([nn.Dense(4, 4), nn.Dropout(p=0.5), nn.Dense(4, 2)]), recompute=True)
+
+
+def test_dtype_mismatch_is_named_as_one():
+    model = nn.SequentialCell([nn.Dense(8, 4), nn.ReLU(), nn.Dense(4, 3)])
+    with pytest.raises(RuntimeError) as err:
+        engine(model, micro_batches=2).train_step(np.ones((4, 8), np.float16), np.zeros(4, np.int32))
+    assert str(err.value) == ("check before the first step failed: dtype mismatch: stage 0 receives "
+                              "the input batch as Float16, but the first weights it meets are "
+                              "Float32; cast the input batch to Float32")
+
+
+def test_bfloat16_is_refused_by_the_cpu_wire_up_front():
+    stage = Stage([nn.Dense(4, 4)], is_first=False)
+    carried = MpiWire(5.0).dtypes
+    assert check_input(stage, ((2, 4), ms.bfloat16), carried) == ("wire", 2)
+    assert check_input(stage, ((2, 4), ms.float32), carried) is None
+    assert check_input(stage, ((2, 4), ms.float16), carried) == ("dtype", 0)
+
+
+def test_clipping_equals_clip_by_global_norm():
+    """One process: pipe's clip (2 micro-batches) against MindSpore's own recipe."""
+    def build():
+        ms.set_seed(6)
+        return nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
+    x = ms.Tensor(np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32))
+    y = ms.Tensor(np.array([0, 1, 2, 1], np.int32))
+    pipe = engine(build(), micro_batches=2, clip_grad_norm=0.05)
+    pipe.train_step(x, y)
+    model = build()
+    grads = ms.value_and_grad(lambda x, y: LOSS(model(x), y), None, model.trainable_params())(x, y)[1]
+    assert float(ops.sqrt(sum((g * g).sum() for g in grads)).asnumpy()) > 0.05   # it clips
+    nn.SGD(model.trainable_params(), learning_rate=0.1)(ops.clip_by_global_norm(grads, 0.05))
+    for got, want in zip(pipe.params, model.trainable_params()):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-7)
+
+
+CNN = ["--model", "cnn", "--data", "synthetic", "--batch-size", "16", "--steps", "2", "--seed", "2",
+       "--optimizer", "sgd", "--lr", "0.05", "--no-eval"]
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cnn")
+    def run(name, ranks, *flags):
+        return ranks, CNN + list(flags) + ["--save", root / name]
+    configs = [
+        run("single-m2", 1, "--dropout", 0, "--micro-batches", 2),
+        run("single-m4", 1, "--dropout", 0, "--micro-batches", 4),
+        run("clip-single", 1, "--dropout", 0, "--micro-batches", 4, "--clip-grad-norm", 0.05),
+        run("1f1b-2x1", 2, "--dropout", 0, "--micro-batches", 2, "--stages", 2),
+        run("zb-h1-3x1", 3, "--dropout", 0, "--micro-batches", 2, "--stages", 3, "--schedule", "zb-h1"),
+        run("gpipe-2x2", 4, "--dropout", 0, "--micro-batches", 2, "--stages", 2, "--dp", 2, "--schedule", "gpipe"),
+        run("clip-2x2", 4, "--dropout", 0, "--micro-batches", 2, "--stages", 2, "--dp", 2, "--clip-grad-norm", 0.05),
+    ]
+    done = run_many(configs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {entry: (load(root / entry / "model.ckpt"), results(root / entry)) for entry in os.listdir(root)}
+
+
+def assert_same(got, want, names):
+    for name in names:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["1f1b-2x1", "zb-h1-3x1"])
+def test_cnn_trains_like_one_process_with_its_statistics(cnn, layout):
+    (got, _), (want, _) = cnn[layout], cnn["single-m2"]
+    assert sorted(got) == sorted(want) and any("moving_mean" in name for name in want)
+    assert_same(got, want, want)                    # weights and moving statistics
+
+
+def test_cnn_replicas_share_their_statistics(cnn):
+    """Replicas average their moving statistics after every step (documented choice); the
+    weights equal one process that sees the same 4 micro-batches."""
+    (got, ranks), (want, _) = cnn["gpipe-2x2"], cnn["single-m4"]
+    assert_same(got, want, [name for name in want if "moving" not in name])
+    assert ranks[0]["buffers"] == ranks[2]["buffers"] and ranks[1]["buffers"] == ranks[3]["buffers"]
+    assert ranks[0]["buffers"]
+
+
+def test_cnn_clipping_across_stages_and_replicas(cnn):
+    (got, _), (want, _), (unclipped, _) = cnn["clip-2x2"], cnn["clip-single"], cnn["single-m4"]
+    names = [name for name in want if "moving" not in name]
+    assert_same(got, want, names)
+    assert max(np.abs(want[n] - unclipped[n]).max() for n in names) > 1e-4     # clipping acted

@@ -1,0 +1,148 @@
+"""One stage in one process (no MPI): the hand-written backward is the spec here.
+
+Each check compares `Stage` with MindSpore differentiating the same layers directly.
+"""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn, ops
+
+from pipe.stage import Stage
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+rng = np.random.default_rng(0)
+
+
+def tensor(*shape):
+    return ms.Tensor(rng.standard_normal(shape).astype(np.float32))
+
+
+def reference_grads(layers, x, dy):
+    """(dx, weight grads) of the layers applied in order, by MindSpore's own autograd."""
+    params = ms.ParameterTuple([p for layer in layers for p in layer.trainable_params()])
+    def run(x):
+        for layer in layers:
+            x = layer(x)
+        return x
+    dx, dw = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(run, params)(x, dy)
+    return dx[0], dw
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def one_step(stage, x, dy, split=False):
+    stage.zero_grads()
+    stage.forward(0, x)
+    if not split:
+        return stage.backward(0, dy), stage.grads
+    dx = stage.backward_input(0, dy)
+    stage.backward_weight(0)
+    return dx, stage.grads
+
+
+def mlp():
+    ms.set_seed(1)
+    return [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.Tanh(), nn.Dense(8, 3)]
+
+
+@pytest.mark.parametrize("mode", ["whole", "split B + W", "recompute"])
+def test_per_layer_backward_equals_differentiating_the_slice(mode):
+    layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
+    stage = Stage(layers, is_first=False, recompute=mode == "recompute")
+    dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
+    want_dx, want_dw = reference_grads(layers, x, dy)
+    assert_close(dx, want_dx)
+    for got, want in zip(grads, want_dw):
+        assert_close(got, want)
+
+
+def test_tied_weight_gradients_are_summed():
+    ms.set_seed(2)
+    shared = nn.Dense(5, 5)
+    layers = [shared, nn.Tanh(), shared]
+    x, dy = tensor(3, 5), tensor(3, 5)
+    dx, grads = one_step(Stage(layers, is_first=False), x, dy)
+    want_dx, want_dw = reference_grads(layers, x, dy)  # autograd sums both uses itself
+    assert len(grads) == 2                             # weight and bias, once each
+    assert_close(dx, want_dx)
+    assert_close(grads[0], want_dw[0])
+    assert_close(grads[1], want_dw[1])
+
+
+def test_dropout_backward_uses_the_mask_its_forward_drew():
+    """Dense(8,64) -> Dropout(0.5) -> Dense(64,4), a batch of one: the units that get no
+    gradient are exactly the units the forward dropped."""
+    ms.set_seed(3)
+    first, dropout, last = nn.Dense(8, 64), nn.Dropout(p=0.5), nn.Dense(64, 4)
+    stage = Stage([first, dropout, last], is_first=False)
+    x, dy = tensor(1, 8), tensor(1, 4)
+    stage.zero_grads()
+    stage.forward(0, x)
+    mask = stage.saved[0][0][1]                     # what the forward drew
+    assert 0 < mask.asnumpy().sum() < 64
+    dx = stage.backward(0, dy)
+    want_dx, want_dw = reference_grads([first, _Apply(lambda h: h * mask * 2.0), last], x, dy)
+    assert_close(dx, want_dx)
+    for got, want in zip(stage.grads, want_dw):
+        assert_close(got, want)
+
+
+class _Apply(nn.Cell):
+    """A fixed function as a layer (the dropout with its mask given)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, x):
+        return self.fn(x)
+
+
+def batch_norm_stage():
+    ms.set_seed(4)
+    layers = [nn.Dense(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Dense(5, 3)]
+    return layers, Stage(layers, is_first=False)
+
+
+def buffers(stage):
+    return [b.asnumpy().copy() for b in stage.buffers]
+
+
+def test_batch_norm_statistics_move_once_per_forward_only():
+    layers, stage = batch_norm_stage()
+    twin = nn.BatchNorm1d(5)                        # the same layer, run once by hand
+    twin.set_train(True)
+    x, dy = tensor(4, 6), tensor(4, 3)
+    stage.probe(x, None)
+    assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), [np.zeros(5), np.ones(5)]))
+    stage.zero_grads()
+    stage.forward(0, x)
+    twin(layers[0](x))
+    after_forward = buffers(stage)
+    np.testing.assert_allclose(after_forward[0], twin.moving_mean.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(after_forward[1], twin.moving_variance.asnumpy(), rtol=1e-6)
+    stage.backward(0, dy)
+    stage.infer(x)
+    assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), after_forward))
+
+
+def test_batch_norm_gradients_use_the_batch_statistics():
+    layers, stage = batch_norm_stage()
+    x, dy = tensor(4, 6), tensor(4, 3)
+    dx, grads = one_step(stage, x, dy)
+    for layer in layers:
+        layer.set_train(True)
+    want_dx, want_dw = reference_grads(layers, x, dy)
+    assert_close(dx, want_dx)
+    for got, want in zip(grads, want_dw):
+        assert_close(got, want)
+
+
+def test_infer_runs_in_eval_mode():
+    ms.set_seed(5)
+    dropout_stage = Stage([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
+    x = tensor(3, 4)
+    assert_close(dropout_stage.infer(x), dropout_stage.layers[0](x))    # no dropout
