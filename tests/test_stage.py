@@ -33,6 +33,15 @@ def assert_close(got, want):
     np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+def assert_same_backward(dx, grads, layers, x, dy):
+    """The stage's (dx, accumulated weight grads) equal autograd's over `layers`."""
+    want_dx, want_dw = reference_grads(layers, x, dy)
+    assert_close(dx, want_dx)
+    assert len(grads) == len(want_dw)
+    for got, want in zip(grads, want_dw):
+        assert_close(got, want)
+
+
 def one_step(stage, x, dy, split=False):
     stage.zero_grads()
     stage.forward(0, x)
@@ -53,10 +62,7 @@ def test_per_layer_backward_equals_differentiating_the_slice(mode):
     layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
     stage = Stage(layers, is_first=False, recompute=mode == "recompute")
     dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
-    want_dx, want_dw = reference_grads(layers, x, dy)
-    assert_close(dx, want_dx)
-    for got, want in zip(grads, want_dw):
-        assert_close(got, want)
+    assert_same_backward(dx, grads, layers, x, dy)
 
 
 def test_tied_weight_gradients_are_summed():
@@ -84,10 +90,7 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     mask = stage.saved[0][0][1]                     # what the forward drew
     assert 0 < mask.asnumpy().sum() < 64
     dx = stage.backward(0, dy)
-    want_dx, want_dw = reference_grads([first, _Apply(lambda h: h * mask * 2.0), last], x, dy)
-    assert_close(dx, want_dx)
-    for got, want in zip(stage.grads, want_dw):
-        assert_close(got, want)
+    assert_same_backward(dx, stage.grads, [first, _Apply(lambda h: h * mask * 2.0), last], x, dy)
 
 
 class _Apply(nn.Cell):
@@ -135,10 +138,7 @@ def test_batch_norm_gradients_use_the_batch_statistics():
     dx, grads = one_step(stage, x, dy)
     for layer in layers:
         layer.set_train(True)
-    want_dx, want_dw = reference_grads(layers, x, dy)
-    assert_close(dx, want_dx)
-    for got, want in zip(grads, want_dw):
-        assert_close(got, want)
+    assert_same_backward(dx, grads, layers, x, dy)
 
 
 def test_infer_runs_in_eval_mode():
