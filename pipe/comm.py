@@ -61,8 +61,7 @@ class MpiWire:
         and a long wait (a peer compiling) leaves the CPU to the processes doing work."""
         deadline, pause = time.monotonic() + self.timeout, 20e-6
         while not request.Test():
-            if time.monotonic() > deadline:
-                request.Cancel()
+            if time.monotonic() > deadline:     # (not cancelled: the job is ended next)
                 raise WireTimeout(f"rank {self.rank}: no progress for {self.timeout:g} s while "
                                   f"waiting to {what}")
             time.sleep(pause)

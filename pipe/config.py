@@ -18,6 +18,7 @@ class PipelineConfig:
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
+    seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
@@ -25,6 +26,8 @@ class PipelineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not 0 <= self.clip_grad_norm < float("inf"):
             raise ValueError(f"clip_grad_norm must be 0 (off) or a positive finite number, "
                              f"got {self.clip_grad_norm!r}")

@@ -9,7 +9,7 @@ decides nothing about order; `pipe.schedule` does.
 """
 import math
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import mindspore as ms
@@ -17,8 +17,9 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe import checkpoint
-from pipe.comm import PointToPoint, connect
+from pipe.comm import PointToPoint, WireTimeout, connect
 from pipe.config import PipelineConfig
+from pipe.dropout import MaskDraw
 from pipe.handshake import handshake
 from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
@@ -61,6 +62,7 @@ class _Batch:
     inputs: list
     labels: list
     training: bool
+    draws: list = field(default_factory=list)     # each micro-batch's dropout masks
     outputs: list = field(default_factory=list)   # losses (training) or model outputs
 
 
@@ -90,13 +92,14 @@ class PipelineEngine:
             vs = self.schedule.virtual_stage(self.me, c)
             layers, names = partition(model, V, vs, self.partition)
             self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                                     grad_scale=scale, recompute=config.recompute))
+                                     grad_scale=scale, recompute=config.recompute,
+                                     first_layer=self.all_bounds[vs][0]))
             self.bounds.append(self.all_bounds[vs])
             self.param_names.append(names)
         self.params = [p for chunk in self.chunks for p in chunk.params]
         self.buffers = [b for chunk in self.chunks for b in chunk.buffers]
         for chunk, names in zip(self.chunks, self.param_names):
-            for p, name in zip(chunk.params + chunk.buffers, names):
+            for p, name in zip(chunk.state, names):
                 p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
         names = [p.name for p in self.params]
         self.tied = tied_weights(model, self.all_bounds, self.params, names, lambda vs: [
@@ -107,6 +110,7 @@ class PipelineEngine:
         self.p2p = None                  # set by the shape handshake before the first step
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.watchdog = None if self.wire.has_deadlines else Watchdog(config.timeout, self._where)
+        self.step = 0                    # optimizer steps taken (dropout masks depend on it)
         self._warm, self._executing = {}, None   # which schedules have run (and compiled) once
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
         self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
@@ -116,23 +120,23 @@ class PipelineEngine:
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
+        self.step += 1
         batch = self._micro_batches(inputs, labels, training=True)
         if self.p2p is None:
             self._handshake(batch.inputs[0], batch.labels[0])
         for chunk in self.chunks:
             chunk.zero_grads()
         self._execute(self.schedule, self.p2p, batch)          # forward / backward, messages
-        self._arm("all-reduce of the gradients")
-        with self._span("all-reduce"):
+        with self._at("the all-reduce of the gradients"), self._span("all-reduce"):
             grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
-        if self.config.clip_grad_norm:
-            grads = self._clip(grads)
+            if self.config.clip_grad_norm:
+                grads = self._clip(grads)
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
-        if self.buffers and self.config.data_parallel > 1:
-            self._average_buffers()
-        self._arm("all-reduce of the loss")
-        loss = self._step_loss(batch.outputs)
+        with self._at("the all-reduce of the moving statistics and the loss"):
+            if self.buffers and self.config.data_parallel > 1:
+                self._average_buffers()
+            loss = self._step_loss(batch.outputs)
         self._disarm(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
@@ -157,18 +161,30 @@ class PipelineEngine:
             return out
         shape, dtype = self.output_spec
         out = ms.Tensor(out) if last else ops.zeros((len(inputs),) + shape[1:], dtype)
-        return self.wire.all_reduce(out, self.p2p.ranks).asnumpy()
+        with self._reported("the broadcast of the outputs", catch=WireTimeout):
+            return self.wire.all_reduce(out, self.p2p.ranks).asnumpy()
 
     def _execute(self, schedule, p2p, batch):
         """Run this rank's actions in order. This loop is the whole runtime."""
         self._p2p_now, self._executing = p2p, schedule.name
         for i, action in enumerate(schedule.actions[self.me]):
-            self._arm((schedule, i))
-            try:
-                with self._span(str(action)):
-                    self._run[action.kind](action, batch)
-            except Exception as e:
-                raise PipelineError(f"{e}\n{self._where((schedule, i))}", self.wire) from e
+            with self._at((schedule, i)), self._span(str(action)):
+                self._run[action.kind](action, batch)
+
+    def _at(self, position):
+        """A piece of the step that may wait on peers: the watchdog (GPU) times it, and any
+        error in it is reported as this rank's (peers may be waiting on it)."""
+        self._arm(position)
+        return self._reported(position)
+
+    @contextmanager
+    def _reported(self, position, catch=Exception):
+        """A failure here becomes a PipelineError saying which rank was where, so that the
+        job ends (PipelineError.abort) instead of hanging."""
+        try:
+            yield
+        except catch as e:
+            raise PipelineError(f"{e}\n{self._where(position)}", self.wire) from e
 
     def _arm(self, where):
         """Time the wait that starts now, once this kind of step has run (compiled) once."""
@@ -186,7 +202,7 @@ class PipelineEngine:
         schedule, i = position if isinstance(position, tuple) else (None, 0)
         head = f"rank {self.wire.rank} (stage {self.me}, replica {self.replica})"
         if schedule is None:
-            return f"{head} was {position}"
+            return f"{head} was in {position}"
         return (f"{head} was at action {i} ({schedule.actions[self.me][i]}) of its "
                 f"{schedule.name} schedule:\n{format_position(schedule, self.me, i)}")
 
@@ -206,8 +222,9 @@ class PipelineEngine:
         start, size = (self.replica * rows if training else 0), rows // M
         cut = [slice(start + m * size, start + (m + 1) * size) for m in range(M)]
         as_tensor = lambda a: a if isinstance(a, ms.Tensor) else ms.Tensor(np.asarray(a))
+        draws = [MaskDraw(self.config.seed, self.step, c, len(inputs)) for c in cut]
         return _Batch([as_tensor(inputs[c]) for c in cut], [as_tensor(labels[c]) for c in cut],
-                      training, [])
+                      training, draws)
 
     # ---- the actions ------------------------------------------------------------------
     def _forward(self, action, batch):
@@ -215,7 +232,7 @@ class PipelineEngine:
         first = self.schedule.virtual_stage(self.me, action.chunk) == 0
         x = batch.inputs[action.mb] if first else self._inbox.pop(key)
         if batch.training:
-            out = stage.forward(action.mb, x, batch.labels[action.mb])
+            out = stage.forward(action.mb, x, batch.labels[action.mb], batch.draws[action.mb])
         else:
             out = stage.infer(x)
         if stage.is_last:
@@ -299,7 +316,7 @@ class PipelineEngine:
             for c, chunk in enumerate(self.chunks):
                 vs = self.schedule.virtual_stage(self.me, c)
                 checkpoint.save_params(os.path.join(where, f"stage-{vs}.ckpt"),
-                                       zip(self.param_names[c], chunk.params + chunk.buffers))
+                                       zip(self.param_names[c], chunk.state))
             checkpoint.save_params(os.path.join(where, f"optimizer-{self.me}.ckpt"),
                                    self.optimizer.parameters_and_names())
         self.barrier()
@@ -318,9 +335,10 @@ class PipelineEngine:
         for c, chunk in enumerate(self.chunks):
             vs = self.schedule.virtual_stage(self.me, c)
             values = ms.load_checkpoint(os.path.join(where, f"stage-{vs}.ckpt"))
-            for p, name in zip(chunk.params + chunk.buffers, self.param_names[c]):
+            for p, name in zip(chunk.state, self.param_names[c]):
                 p.set_data(values[name])
         ms.load_param_into_net(self.optimizer, ms.load_checkpoint(os.path.join(where, f"optimizer-{self.me}.ckpt")))
+        self.step = meta["step"]
         return meta
 
     def _layout(self):
@@ -337,10 +355,12 @@ class PipelineEngine:
         self.barrier()
 
     def barrier(self):
-        self.wire.all_reduce(ms.Tensor([0], ms.int32), tuple(range(self.topo.world_size))).asnumpy()
+        with self._reported("a barrier", catch=WireTimeout):
+            self.wire.all_reduce(ms.Tensor([0], ms.int32), tuple(range(self.topo.world_size))).asnumpy()
 
     def _handshake(self, x, labels):
         ranks = self.topo.pipeline_ranks(self.replica)
-        shapes, self.output_spec = handshake(self.wire, self.schedule, ranks, self.me, self.chunks,
-                                             self.all_bounds, x, labels, self.topo.world_size)
+        with self._reported("the shape check before the first step", catch=WireTimeout):
+            shapes, self.output_spec = handshake(self.wire, self.schedule, ranks, self.me, self.chunks,
+                                                 self.all_bounds, x, labels, self.topo.world_size)
         self.p2p = PointToPoint(self.wire, self.schedule, ranks, self.me, shapes)

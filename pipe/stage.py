@@ -8,10 +8,11 @@ dW = dY^T X) are not recomputed: their forward is dead code in the backward grap
 compiler drops it. So a stage runs forward + backward at ~3x the forward's cost, not the
 ~4x of differentiating the whole stage again from its input.
 
-Two kinds of layer need more than that. Dropout keeps the mask it drew instead of its
-input: running it again in the backward would draw another. Layers with buffers (batch
-norm's moving statistics) update them when run in training mode; the backward runs them
-again, so the stage puts the buffers back as they were after every backward.
+Two kinds of layer need more than that. Dropout takes its mask as an input (drawn on the
+host, see pipe.dropout) and keeps it instead of its input: the backward multiplies by the
+same mask. Layers with buffers (batch norm's moving statistics) update them when run in
+training mode; the backward runs them again, so the stage puts the buffers back as they
+were after every backward.
 
 (`ms.jit` returns tensors, not a closure over the forward, and PyNative `ms.vjp` keeps
 one but runs op by op; see docs/benchmarks.md for the measurements behind this choice.)
@@ -44,44 +45,49 @@ def keeps_mask(layer):
 
 
 class _KeepInput(nn.Cell):
-    """x -> (layer(x), x): what the layer's backward is computed from."""
+    """(x, masks) -> (layer(x), x): what the layer's backward is computed from."""
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
         self.layer = layer
 
-    def construct(self, x):
+    def construct(self, x, masks):
         return self.layer(x), x
 
 
 class _KeepMask(nn.Cell):
-    """Dropout: x -> (x * mask / keep_prob, mask), the mask drawn once, here."""
+    """Dropout: (x, masks) -> (x * mask / keep_prob, mask), with its own mask of `masks`."""
 
-    def __init__(self, dropout):
+    def __init__(self, dropout, index):
         super().__init__(auto_prefix=False)
-        self.draw = dropout.dropout          # nn.Dropout's own ops.Dropout and seeds
+        self.index = index
+        self.scale = 1.0 / dropout.dropout.keep_prob
 
-    def construct(self, x):
-        return self.draw(x)
+    def construct(self, x, masks):
+        mask = masks[self.index]
+        return x * mask * self.scale, mask
 
 
 class _Forward(nn.Cell):
-    """x -> (output, residual of every layer: its input, or dropout's mask). On the last
-    stage the output is (loss, d loss / d logits x scale): the loss gradient is cheap, and
-    starting the backward from it means the logits need not be kept."""
+    """(x, labels, scale, dropout masks) -> (output, residual of every layer: its input, or
+    dropout's mask). On the last stage the output is (loss, d loss / d logits x scale): the
+    loss gradient is cheap, and starting the backward from it means the logits need not be
+    kept."""
 
     def __init__(self, layers, loss_fn=None):
         super().__init__(auto_prefix=False)
-        self.layers = nn.CellList([_KeepMask(l) if keeps_mask(l) else _KeepInput(l) for l in layers])
+        random = [i for i, layer in enumerate(layers) if keeps_mask(layer)]
+        self.layers = nn.CellList([_KeepMask(l, random.index(i)) if i in random else _KeepInput(l)
+                                   for i, l in enumerate(layers)])
         self.loss_fn = loss_fn
         if loss_fn is not None:
             self.loss_and_grad = ms.value_and_grad(loss_fn, grad_position=0)
 
     @ms.jit
-    def construct(self, x, labels, scale):
+    def construct(self, x, labels, scale, masks):
         saved = ()
         for layer in self.layers:
-            x, residual = layer(x)
+            x, residual = layer(x, masks)
             saved = saved + (residual,)
         if self.loss_fn is None:
             return x, saved
@@ -272,18 +278,22 @@ class Stage:
     over the micro-batches of a step, scaled so their sum is the step's mean gradient.
     Training calls run the layers in training mode, `infer` in eval mode.
 
-    With `recompute`, a micro-batch in flight keeps only its stage input; the backward runs
-    the forward again to get the layer inputs back (activation recomputation: less memory,
-    one more forward). `peak_bytes` is the most activation memory held at once.
+    With `recompute`, a micro-batch in flight keeps only its stage input (and dropout
+    masks); the backward runs the forward again to get the layer inputs back (activation
+    recomputation: less memory, one more forward). `peak_bytes` is the most activation
+    memory held at once. `first_layer` is the stage's place in the whole model: it names
+    the dropout layers whose masks it draws.
     """
 
-    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, recompute=False):
+    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, recompute=False,
+                 first_layer=0):
         self.layers = leaves(layers)
         self.params = distinct(p for layer in self.layers for p in layer.trainable_params())
         self.buffers = distinct(p for layer in self.layers for p in layer.untrainable_params())
-        if recompute and any(keeps_mask(layer) for layer in self.layers):
-            raise ValueError("recompute=True cannot be used with nn.Dropout layers: the "
-                             "recomputed forward would draw new dropout masks; turn one off")
+        named = [(first_layer + i, j) for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
+        self.dropouts = [(k, named[k], layer.dropout.keep_prob)
+                         for k, layer in enumerate(self.layers) if keeps_mask(layer)]
+        self._mask_shapes = {}  # stage input shape -> each dropout layer's input shape
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Infer(self.layers)
@@ -297,6 +307,11 @@ class Stage:
         self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
         self.grads = None      # accumulated weight gradients, in `params` order
         self.held_bytes = self.peak_bytes = 0
+
+    @property
+    def state(self):
+        """What a checkpoint holds of this stage: parameters, then buffers."""
+        return self.params + self.buffers
 
     def _mode(self, training):
         if self.training != training:
@@ -315,11 +330,14 @@ class Stage:
     def zero_grads(self):
         self.grads = tuple(ops.zeros(p.shape, p.dtype) for p in self.params)
 
-    def forward(self, mb, x, labels=None):
+    def forward(self, mb, x, labels=None, draw=None):
+        """`draw` (a pipe.dropout.MaskDraw) says which dropout masks this micro-batch gets;
+        None keeps every unit."""
         self._mode(True)
-        out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale)
+        masks = self._masks(x, draw)
+        out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale, masks)
         if self.recompute:
-            self._keep(mb, ((x,), labels))               # the stage input only
+            self._keep(mb, ((x, masks), labels))         # the stage input only
         elif self.is_last:
             self._keep(mb, (saved, out[1]))             # layer residuals, d loss / d logits
         else:
@@ -352,8 +370,30 @@ class Stage:
         kept, extra = self._take(mb)
         if not self.recompute:
             return kept, extra
-        out, saved = self._forward(kept[0], self._no_labels if extra is None else extra, self._scale)
+        x, masks = kept
+        out, saved = self._forward(x, self._no_labels if extra is None else extra, self._scale, masks)
         return saved, out[1] if self.is_last else None
+
+    def _masks(self, x, draw):
+        """The dropout layers' keep masks for input `x`, in layer order."""
+        if not self.dropouts:
+            return ()
+        if x.shape not in self._mask_shapes:
+            self._mask_shapes[x.shape] = self._input_shapes(x)
+        shapes = self._mask_shapes[x.shape]
+        if draw is None:
+            return tuple(ops.ones(shapes[k], ms.float32) for k, _, _ in self.dropouts)
+        return tuple(draw.keep(name, shapes[k], keep) for k, name, keep in self.dropouts)
+
+    def _input_shapes(self, x):
+        """Every layer's input shape, from one eager pass in eval mode (nothing moves)."""
+        self._mode(False)
+        shapes = []
+        for layer in self.layers:
+            shapes.append(x.shape)
+            x = layer(x)
+        self._mode(True)
+        return shapes
 
     def _keep(self, mb, entry):
         self.saved[mb] = entry
@@ -376,6 +416,6 @@ class Stage:
         output (on the last stage, the model's: the logits' gradient has the logits' shape)."""
         self._mode(True)
         with self._buffers_kept():
-            out, _ = self._forward(x, labels, self._scale)
+            out, _ = self._forward(x, labels, self._scale, self._masks(x, None))
         out = out[1] if self.is_last else out
         return tuple(out.shape), out.dtype

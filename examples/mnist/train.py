@@ -119,7 +119,7 @@ def train(args, wire=None):
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device, timeout=args.timeout,
                             recompute=args.recompute, partition=args.partition,
-                            clip_grad_norm=args.clip_grad_norm,
+                            clip_grad_norm=args.clip_grad_norm, seed=args.seed,
                             virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
     sample = np.zeros((args.batch_size // (args.dp * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
