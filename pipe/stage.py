@@ -126,14 +126,17 @@ def slots(layers):
     return tuple(tuple(positions[i]) for i in order)
 
 
-def _accumulate(accumulators, grads, positions):
-    """accumulators[u] + the gradients at positions[u], for every parameter u (unrolled)."""
-    summed = ()
+def _accumulate(accumulators, grads, positions, first):
+    """Add the gradients at positions[u] into accumulators[u], for every parameter u, in
+    place (unrolled); the step's first backward writes them instead, so the accumulators
+    need no zeroing call of their own."""
+    written = ()
     for u, acc in enumerate(accumulators):
-        for k in positions[u]:
-            acc = acc + grads[k]
-        summed = summed + (acc,)
-    return summed
+        total = grads[positions[u][0]]
+        for k in positions[u][1:]:
+            total = total + grads[k]
+        written = written + ((ops.assign(acc, total) if first else ops.assign_add(acc, total)),)
+    return written
 
 
 class _MaskGrad(nn.Cell):
@@ -177,23 +180,26 @@ class _LayerGrad(nn.Cell):
 
 
 class _Backward(nn.Cell):
-    """(dy, grad accumulators, saved inputs) -> (dx, accumulators + this micro-batch's grads)."""
+    """(dy, first, saved inputs) -> dx; this micro-batch's weight gradients are added into
+    the accumulators (written, if `first`: a Python bool, so each value compiles once)."""
 
-    def __init__(self, layers, input_grad):
+    def __init__(self, layers, input_grad, accumulators):
         super().__init__(auto_prefix=False)
         self.reversed_grads = _layer_grads(layers, _LayerGrad, input_grad)
         self.count = len(layers)
         self.positions = slots(layers)
+        self.accumulators = accumulators
 
     @ms.jit
-    def construct(self, dy, accumulators, *saved):
+    def construct(self, dy, first, *saved):
         grads = ()
         i = self.count
         for layer_grad in self.reversed_grads:  # saved inputs arrive as *args: MindSpore 2.10
             i = i - 1                           # cannot differentiate at a tuple's element
             dy, dw = layer_grad(saved[i], dy)
             grads = dw + grads
-        return dy, _accumulate(accumulators, grads, self.positions)
+        _accumulate(self.accumulators, grads, self.positions, first)
+        return dy
 
 
 class _LayerInputGrad(nn.Cell):
@@ -234,11 +240,11 @@ class _InputGrad(nn.Cell):
 
 
 class _WeightGrad(nn.Cell):
-    """W of a split backward: (accumulators, saved inputs, stashed output gradients) ->
-    accumulators + this micro-batch's weight gradients. Each is dY^T X for a Dense: no
-    input gradient, no forward recomputed."""
+    """W of a split backward: (first, saved inputs, stashed output gradients) -> (), this
+    micro-batch's weight gradients added into the accumulators. Each is dY^T X for a
+    Dense: no input gradient, no forward recomputed."""
 
-    def __init__(self, layers):
+    def __init__(self, layers, accumulators):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
         self.inputs = tuple(i for i, _ in weighted)
@@ -247,16 +253,17 @@ class _WeightGrad(nn.Cell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.count = len(layers)
         self.positions = slots(layers)
+        self.accumulators = accumulators
 
     @ms.jit
-    def construct(self, accumulators, *tensors):   # tensors: saved inputs, then stashed dys
+    def construct(self, first, *tensors):          # tensors: saved inputs, then stashed dys
         grads = ()
         k = 0
         for layer in self.layers:
             grads = grads + self.grad(layer, self.weights[k])(tensors[self.inputs[k]],
                                                               tensors[self.count + k])
             k = k + 1
-        return _accumulate(accumulators, grads, self.positions)
+        return _accumulate(self.accumulators, grads, self.positions, first)
 
 
 def _nbytes(entry):
@@ -297,15 +304,19 @@ class Stage:
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Infer(self.layers)
-        self._backward = _Backward(self.layers, input_grad=not is_first)
+        self.grads = ms.ParameterTuple(   # accumulated weight gradients, in `params` order
+            ms.Parameter(ops.zeros(p.shape, p.dtype), name=f"accumulated_grad_{id(p)}",
+                         requires_grad=False) for p in self.params)
+        self._backward = _Backward(self.layers, not is_first, self.grads)
         self._input_grad = _InputGrad(self.layers, input_grad=not is_first)
-        self._weight_grad = _WeightGrad(self.layers)
+        self._weight_grad = _WeightGrad(self.layers, self.grads)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
         self.training = None   # the mode the layers are in
         self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
-        self.grads = None      # accumulated weight gradients, in `params` order
+        self._keys, self._sizes = {}, {}   # micro-batch -> kind of entry -> its bytes
+        self._first = True     # the next backward writes the accumulators, not adds
         self.held_bytes = self.peak_bytes = 0
 
     @property
@@ -328,7 +339,13 @@ class Stage:
             ops.assign(buffer, value)        # in place: compiled graphs hold its storage
 
     def zero_grads(self):
-        self.grads = tuple(ops.zeros(p.shape, p.dtype) for p in self.params)
+        """Start a step: its first backward writes the accumulators instead of adding (no
+        separate zeroing pass over them)."""
+        self._first = True
+
+    def _consume_first(self):
+        first, self._first = self._first, False
+        return first
 
     def forward(self, mb, x, labels=None, draw=None):
         """`draw` (a pipe.dropout.MaskDraw) says which dropout masks this micro-batch gets;
@@ -337,33 +354,34 @@ class Stage:
         masks = self._masks(x, draw)
         out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale, masks)
         if self.recompute:
-            self._keep(mb, ((x, masks), labels))         # the stage input only
+            self._keep(mb, ((x, masks), labels), ("input", x.shape))   # the stage input only
         elif self.is_last:
-            self._keep(mb, (saved, out[1]))             # layer residuals, d loss / d logits
+            self._keep(mb, (saved, out[1]), ("F", x.shape))   # residuals, d loss / d logits
         else:
-            self._keep(mb, (saved, None))
+            self._keep(mb, (saved, None), ("F", x.shape))
         return out[0] if self.is_last else out
 
     def backward(self, mb, dy=None):
         with self._buffers_kept():
             saved, start = self._restore(mb)
-            dx, self.grads = self._backward(start if self.is_last else dy, ms.mutable(self.grads), *saved)
+            dx = self._backward(start if self.is_last else dy, self._consume_first(), *saved)
         return dx
 
     def backward_input(self, mb, dy=None):
         """B of a split backward: the gradient for the previous stage only. What W needs
         (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
+        key = ("W", self._keys[mb][1])
         with self._buffers_kept():
             saved, start = self._restore(mb)
             dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
-        self._keep(mb, (saved, stashed))
+        self._keep(mb, (saved, stashed), key)
         return dx
 
     def backward_weight(self, mb):
         """W of a split backward: this micro-batch's weight gradients, accumulated."""
         saved, stashed = self._take(mb)
         with self._buffers_kept():
-            self.grads = self._weight_grad(ms.mutable(self.grads), *saved, *stashed)
+            self._weight_grad(self._consume_first(), *saved, *stashed)
 
     def _restore(self, mb):
         """The layer residuals of micro-batch `mb` (recomputed if only the input was kept)."""
@@ -395,15 +413,19 @@ class Stage:
         self._mode(True)
         return shapes
 
-    def _keep(self, mb, entry):
-        self.saved[mb] = entry
-        self.held_bytes += _nbytes(entry)
+    def _keep(self, mb, entry, key):
+        """Hold `entry` until micro-batch `mb`'s backward. Its bytes are counted once per
+        `key` (what it holds, for which input shape): every micro-batch of a step has the
+        same shapes, and reading a tensor's size on a device can wait for the device."""
+        if key not in self._sizes:
+            self._sizes[key] = _nbytes(entry)
+        self.saved[mb], self._keys[mb] = entry, key
+        self.held_bytes += self._sizes[key]
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def _take(self, mb):
-        entry = self.saved.pop(mb)
-        self.held_bytes -= _nbytes(entry)
-        return entry
+        self.held_bytes -= self._sizes[self._keys.pop(mb)]
+        return self.saved.pop(mb)
 
     def infer(self, x):
         """Forward only, in eval mode, keeping nothing: the model's output on the last stage."""

@@ -7,27 +7,31 @@
 Each span waits for the device to finish before it is stamped, so the times are real (and a
 traced step runs slightly slower than an untraced one). MindSpore has no such wait on CPU:
 there, run PyNative synchronously (`ms.set_context(pynative_synchronize=True)`) to trace.
+With `wait_for_device=False` a span is what the host spent issuing the action instead:
+the overhead that bounds a small model's step (see `host_costs`).
 """
 import json
 import os
+import statistics
 import time
 from contextlib import contextmanager
 
 import mindspore as ms
 
-__all__ = ["Tracer", "merge_traces"]
+__all__ = ["Tracer", "host_costs", "merge_traces"]
 
 
 class Tracer:
-    def __init__(self, rank, label, device):
+    def __init__(self, rank, label, device, wait_for_device=True):
         self.rank, self.label, self.device = rank, label, device
+        self.wait = wait_for_device and device != "CPU"
         self.events = []
 
     @contextmanager
     def span(self, name, **args):
         start = time.time()
         yield
-        if self.device != "CPU":       # queued device work must finish inside its span
+        if self.wait:                  # queued device work must finish inside its span
             ms.runtime.synchronize()   # (on CPU: set_context(pynative_synchronize=True))
         end = time.time()
         self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
@@ -37,6 +41,15 @@ class Tracer:
         meta = {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": self.label}}
         with open(path, "w") as f:
             json.dump({"traceEvents": [meta] + self.events}, f)
+
+
+def host_costs(events):
+    """{action kind: median microseconds} over recorded spans ("F3", "sB1:1" -> "F", "sB")."""
+    spans = {}
+    for event in events:
+        kind = event["name"].split(":")[0].rstrip("0123456789")
+        spans.setdefault(kind, []).append(event["dur"])
+    return {kind: round(statistics.median(durations)) for kind, durations in spans.items()}
 
 
 def merge_traces(parts, path):

@@ -14,7 +14,14 @@ import sys
 from collections import defaultdict
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
-           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB"]
+           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_rank0"]
+
+
+def host_line(ranks):
+    """Rank 0's median host microseconds per action kind ("F 310 B 420 ..."): issuing the
+    work, not waiting for it; the part of a small model's step that the device cannot hide."""
+    host = next((r.get("host_us") for r in ranks if r["rank"] == 0), None)
+    return " ".join(f"{kind} {us}" for kind, us in host.items()) if host else "-"
 
 
 def summarize(lines):
@@ -33,7 +40,8 @@ def summarize(lines):
         rows.append({"model": f"{layers}x{hidden} b{batch}", "layout": f"{P}x{D}", "impl": impl,
                      "schedule": schedule if P > 1 else "-", "M": M, "step_ms": step,
                      "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
-                     "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory))})
+                     "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
+                     "host_us_rank0": host_line(ranks)})
     def single(row, micro_batches):
         found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == "pipe"
                  and r["devices"] == 1 and r["M"] == micro_batches]
