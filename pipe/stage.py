@@ -126,17 +126,17 @@ def slots(layers):
     return tuple(tuple(positions[i]) for i in order)
 
 
-def _accumulate(accumulators, grads, positions, first):
-    """Add the gradients at positions[u] into accumulators[u], for every parameter u, in
-    place (unrolled); the step's first backward writes them instead, so the accumulators
-    need no zeroing call of their own."""
-    written = ()
-    for u, acc in enumerate(accumulators):
+def _accumulate(accumulators, grads, positions):
+    """accumulators[u] + the gradients at positions[u], for every parameter u (unrolled).
+    The step's first backward passes no accumulators (an empty tuple, compiled as its own
+    graph) and gets the gradients themselves: nothing to zero, nothing to add."""
+    summed = ()
+    for u in range(len(positions)):
         total = grads[positions[u][0]]
         for k in positions[u][1:]:
             total = total + grads[k]
-        written = written + ((ops.assign(acc, total) if first else ops.assign_add(acc, total)),)
-    return written
+        summed = summed + ((accumulators[u] + total) if accumulators else total,)
+    return summed
 
 
 class _MaskGrad(nn.Cell):
@@ -180,26 +180,23 @@ class _LayerGrad(nn.Cell):
 
 
 class _Backward(nn.Cell):
-    """(dy, first, saved inputs) -> dx; this micro-batch's weight gradients are added into
-    the accumulators (written, if `first`: a Python bool, so each value compiles once)."""
+    """(dy, grad accumulators, saved inputs) -> (dx, accumulators + this micro-batch's grads)."""
 
-    def __init__(self, layers, input_grad, accumulators):
+    def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
         self.reversed_grads = _layer_grads(layers, _LayerGrad, input_grad)
         self.count = len(layers)
         self.positions = slots(layers)
-        self.accumulators = accumulators
 
     @ms.jit
-    def construct(self, dy, first, *saved):
+    def construct(self, dy, accumulators, *saved):
         grads = ()
         i = self.count
         for layer_grad in self.reversed_grads:  # saved inputs arrive as *args: MindSpore 2.10
             i = i - 1                           # cannot differentiate at a tuple's element
             dy, dw = layer_grad(saved[i], dy)
             grads = dw + grads
-        _accumulate(self.accumulators, grads, self.positions, first)
-        return dy
+        return dy, _accumulate(accumulators, grads, self.positions)
 
 
 class _LayerInputGrad(nn.Cell):
@@ -240,11 +237,11 @@ class _InputGrad(nn.Cell):
 
 
 class _WeightGrad(nn.Cell):
-    """W of a split backward: (first, saved inputs, stashed output gradients) -> (), this
-    micro-batch's weight gradients added into the accumulators. Each is dY^T X for a
-    Dense: no input gradient, no forward recomputed."""
+    """W of a split backward: (accumulators, saved inputs, stashed output gradients) ->
+    accumulators + this micro-batch's weight gradients. Each is dY^T X for a Dense: no
+    input gradient, no forward recomputed."""
 
-    def __init__(self, layers, accumulators):
+    def __init__(self, layers):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
         self.inputs = tuple(i for i, _ in weighted)
@@ -253,17 +250,16 @@ class _WeightGrad(nn.Cell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.count = len(layers)
         self.positions = slots(layers)
-        self.accumulators = accumulators
 
     @ms.jit
-    def construct(self, first, *tensors):          # tensors: saved inputs, then stashed dys
+    def construct(self, accumulators, *tensors):   # tensors: saved inputs, then stashed dys
         grads = ()
         k = 0
         for layer in self.layers:
             grads = grads + self.grad(layer, self.weights[k])(tensors[self.inputs[k]],
                                                               tensors[self.count + k])
             k = k + 1
-        return _accumulate(self.accumulators, grads, self.positions, first)
+        return _accumulate(accumulators, grads, self.positions)
 
 
 def _nbytes(entry):
@@ -304,19 +300,16 @@ class Stage:
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Infer(self.layers)
-        self.grads = ms.ParameterTuple(   # accumulated weight gradients, in `params` order
-            ms.Parameter(ops.zeros(p.shape, p.dtype), name=f"accumulated_grad_{id(p)}",
-                         requires_grad=False) for p in self.params)
-        self._backward = _Backward(self.layers, not is_first, self.grads)
+        self._backward = _Backward(self.layers, input_grad=not is_first)
         self._input_grad = _InputGrad(self.layers, input_grad=not is_first)
-        self._weight_grad = _WeightGrad(self.layers, self.grads)
+        self._weight_grad = _WeightGrad(self.layers)
         self._scale = ms.Tensor(grad_scale, ms.float32)
         self._no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
         self.training = None   # the mode the layers are in
         self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
         self._keys, self._sizes = {}, {}   # micro-batch -> kind of entry -> its bytes
-        self._first = True     # the next backward writes the accumulators, not adds
+        self.grads = ()        # accumulated weight gradients, in `params` order (() at a step's start)
         self.held_bytes = self.peak_bytes = 0
 
     @property
@@ -339,13 +332,11 @@ class Stage:
             ops.assign(buffer, value)        # in place: compiled graphs hold its storage
 
     def zero_grads(self):
-        """Start a step: its first backward writes the accumulators instead of adding (no
-        separate zeroing pass over them)."""
-        self._first = True
+        """Start a step: its first backward's gradients become the accumulators."""
+        self.grads = ()
 
-    def _consume_first(self):
-        first, self._first = self._first, False
-        return first
+    def _accumulators(self):
+        return ms.mutable(self.grads) if self.grads else ()
 
     def forward(self, mb, x, labels=None, draw=None):
         """`draw` (a pipe.dropout.MaskDraw) says which dropout masks this micro-batch gets;
@@ -364,7 +355,7 @@ class Stage:
     def backward(self, mb, dy=None):
         with self._buffers_kept():
             saved, start = self._restore(mb)
-            dx = self._backward(start if self.is_last else dy, self._consume_first(), *saved)
+            dx, self.grads = self._backward(start if self.is_last else dy, self._accumulators(), *saved)
         return dx
 
     def backward_input(self, mb, dy=None):
@@ -381,7 +372,7 @@ class Stage:
         """W of a split backward: this micro-batch's weight gradients, accumulated."""
         saved, stashed = self._take(mb)
         with self._buffers_kept():
-            self._weight_grad(self._consume_first(), *saved, *stashed)
+            self.grads = self._weight_grad(self._accumulators(), *saved, *stashed)
 
     def _restore(self, mb):
         """The layer residuals of micro-batch `mb` (recomputed if only the input was kept)."""
