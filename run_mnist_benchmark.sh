@@ -24,6 +24,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
+case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
+case "$IMPL" in pipe|builtin|all) ;; *) bad "--impl $IMPL: use pipe, builtin or all" ;; esac
+case "$SCHEDULE" in gpipe|1f1b|interleaved-1f1b|zb-h1|all) ;;
+  *) bad "--schedule $SCHEDULE: use gpipe, 1f1b, interleaved-1f1b, zb-h1 or all" ;; esac
+[[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
+[[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"
+[[ -z "$DEVICES" || "$DEVICES" =~ ^[1-9][0-9]*$ ]] || bad "--devices $DEVICES: use a positive integer"
+
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   DEVICE=GPU; FOUND=$(nvidia-smi -L | wc -l)
 else

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 
 import mindspore as ms
 
@@ -66,8 +67,8 @@ def merge(directory):
     paths = sorted(glob.glob(os.path.join(directory, "stage-*.ckpt")),
                    key=lambda p: int(os.path.basename(p)[6:-5]))
     if not paths:
-        raise FileNotFoundError(f"no stage-<s>.ckpt files in {directory!r}: save the pipeline "
-                                "there first (--save DIR)")
+        raise CheckpointError(f"no stage-<s>.ckpt files in {directory!r}: point it at a step "
+                              "directory that PipelineEngine.save wrote")
     named = {}                          # a weight tied across stages is saved by each: keep one
     for path in paths:
         named.update(ms.load_checkpoint(path))
@@ -95,7 +96,7 @@ def latest(directory):
     pointer = os.path.join(directory, "latest")
     if not os.path.exists(pointer):
         raise CheckpointError(f"no checkpoint in {directory!r} (no 'latest' file): start without "
-                              "--resume, or point it at a directory a run saved with --save")
+                              "resuming, or point it at a directory that PipelineEngine.save wrote")
     with open(pointer) as f:
         where = os.path.join(directory, f.read().strip())
     try:
@@ -119,7 +120,11 @@ def main(argv=None):
     parser.add_argument("command", choices=["merge"])
     parser.add_argument("directory")
     args = parser.parse_args(argv)
-    print(f"wrote {merge(args.directory)}")
+    try:
+        print(f"wrote {merge(args.directory)}")
+    except CheckpointError as e:        # one line naming the value and the fix, exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

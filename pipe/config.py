@@ -1,8 +1,17 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message."""
+import re
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["PipelineConfig"]
+__all__ = ["PipelineConfig", "as_flags"]
+
+
+def as_flags(message, flags):
+    """The library's errors name config fields (`batch_size=30`); a command-line program
+    shows its user the flags instead (`--batch-size 30`). `flags`: field -> flag."""
+    fields = "|".join(sorted(flags, key=len, reverse=True))
+    return re.sub(rf"\b({fields})='?([^'\s:;,]*)'?",
+                  lambda m: f"{flags[m.group(1)]} {m.group(2)}", message)
 
 
 @dataclass
@@ -25,16 +34,16 @@ class PipelineConfig:
         for name in ("stages", "data_parallel", "micro_batches", "batch_size", "virtual_stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name}={value!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if not 0 <= self.clip_grad_norm < float("inf"):
-            raise ValueError(f"clip_grad_norm must be 0 (off) or a positive finite number, "
-                             f"got {self.clip_grad_norm!r}")
+            raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
+                             "positive finite number")
         per_step = self.data_parallel * self.micro_batches
         if self.batch_size % per_step:
             raise ValueError(
-                f"batch size {self.batch_size} cannot be split over {self.data_parallel} "
-                f"data-parallel replicas x {self.micro_batches} micro-batches: it must be a "
-                f"multiple of {per_step}; try --batch-size "
+                f"batch_size={self.batch_size} cannot be split over data_parallel="
+                f"{self.data_parallel} replicas x micro_batches={self.micro_batches}: it must be "
+                f"a multiple of {per_step}; try batch_size="
                 f"{max(per_step, self.batch_size // per_step * per_step)}")

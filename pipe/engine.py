@@ -140,7 +140,7 @@ class PipelineEngine:
         self._disarm(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
-                                     "learning rate (--lr) or check the inputs for NaN/inf")
+                                     "learning rate or check the inputs for NaN/inf")
         return loss
 
     def predict(self, inputs, broadcast=True):
@@ -331,7 +331,7 @@ class PipelineEngine:
         if saved != self._layout():
             raise checkpoint.CheckpointError(
                 f"checkpoint {where!r} was saved with {saved}, this run is {self._layout()}: "
-                "resume with the same --stages/--dp/--schedule/--virtual-stages/--partition")
+                "resume with the same stages, data_parallel, schedule, virtual_stages and partition")
         for c, chunk in enumerate(self.chunks):
             vs = self.schedule.virtual_stage(self.me, c)
             values = ms.load_checkpoint(os.path.join(where, f"stage-{vs}.ckpt"))

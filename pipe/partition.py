@@ -107,8 +107,8 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
     """
     layers = len(model)
     if stages > layers:
-        raise ValueError(f"cannot split {layers} layers into {stages} stages: every stage needs "
-                         f"at least one layer; use --stages {layers} or fewer, or a deeper model")
+        raise ValueError(f"cannot split {layers} layers into stages={stages}: every stage needs "
+                         f"at least one layer; use stages={layers} or fewer, or a deeper model")
     if isinstance(method, tuple):
         if len(method) != layers:
             raise ValueError(f"{len(method)} layer costs given for a model of {layers} layers")
@@ -173,7 +173,7 @@ def tied_weights(model, bounds, params, names, ranks_of_stage):
                 users.setdefault(id(p), set()).add(vs)
     if len({id(p) for p in params}) < len(params):
         raise ValueError("a weight is shared by two model chunks of the same rank: use "
-                         "another --virtual-stages or partition")
+                         "another virtual_stages or partition")
     tied = {}
     for k in sorted(range(len(params)), key=lambda k: names[k]):
         p = params[k]

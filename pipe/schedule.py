@@ -107,10 +107,10 @@ def interleaved_1f1b(stages, micro_batches, chunks=2):
     """
     if stages < 2:
         raise ValueError("interleaved 1F1B needs at least 2 stages: its chunks pass activations "
-                         "between ranks; use --schedule 1f1b on one stage")
+                         "between ranks; use schedule='1f1b' on one stage")
     if micro_batches % stages:
         raise ValueError(f"interleaved 1F1B needs the micro-batches ({micro_batches}) to be a "
-                         f"multiple of the stages ({stages}): use --micro-batches "
+                         f"multiple of the stages ({stages}): use micro_batches="
                          f"{(micro_batches // stages + 1) * stages}")
     total = micro_batches * chunks
 
@@ -184,7 +184,7 @@ def make_schedule(name, stages, micro_batches, chunks=1):
     if name == "interleaved-1f1b":
         return interleaved_1f1b(stages, micro_batches, chunks)
     if chunks > 1:
-        raise ValueError(f"--virtual-stages {chunks} needs --schedule interleaved-1f1b, not {name!r}")
+        raise ValueError(f"virtual_stages={chunks} needs schedule='interleaved-1f1b', not {name!r}")
     return SCHEDULES[name](stages, micro_batches)
 
 
@@ -311,6 +311,8 @@ def main(argv=None):
     """python -m pipe.schedule --schedule NAME --stages P --micro-batches M [--virtual-stages v]"""
     import argparse
     from pipe import schedule as canonical   # this file may be running as __main__
+    import sys
+    from pipe.config import PipelineConfig, as_flags
     from pipe.simulator import Deadlock, format_table, measured_costs, simulate
     p = argparse.ArgumentParser(prog="python -m pipe.schedule",
                                 description="Print a schedule, simulate it, check its messages.")
@@ -324,8 +326,16 @@ def main(argv=None):
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
     chunks = args.virtual_stages if args.schedule == "interleaved-1f1b" else 1
-    schedule = canonical.lower(canonical.make_schedule(args.schedule, args.stages,
-                                                       args.micro_batches, chunks))
+    try:
+        PipelineConfig(stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
+                       virtual_stages=chunks, batch_size=args.micro_batches).check()
+        schedule = canonical.lower(canonical.make_schedule(args.schedule, args.stages,
+                                                           args.micro_batches, chunks))
+    except ValueError as e:          # one line naming the value and the fix, exit code 2
+        flags = {"stages": "--stages", "micro_batches": "--micro-batches",
+                 "virtual_stages": "--virtual-stages", "schedule": "--schedule"}
+        print(f"error: {as_flags(str(e), flags)}", file=sys.stderr)
+        raise SystemExit(2)
     f, b, w = measured_costs(args.measured, schedule) if args.measured else args.cost
     costs = canonical.action_costs(schedule, f, b, w)
     try:

@@ -35,10 +35,10 @@ class Topology:
         """Fail fast, identically on every rank, when the launcher started the wrong number."""
         if world_size != self.world_size:
             raise ValueError(
-                f"the launcher started {world_size} processes but stages x data-parallel = "
-                f"{self.stages} x {self.replicas} = {self.world_size}: launch with "
+                f"the launcher started {world_size} processes but stages={self.stages} x "
+                f"data_parallel={self.replicas} = {self.world_size}: launch with "
                 f"-n {self.world_size} (mpiexec) or --worker_num={self.world_size} (msrun), "
-                f"or change --stages/--dp so that their product is {world_size}")
+                f"or change stages and data_parallel so that their product is {world_size}")
 
     def stage_of(self, rank: int) -> int:
         return rank % self.stages

@@ -1,6 +1,6 @@
 """An opt-in timeline of what each rank did, as Chrome trace JSON (Perfetto, chrome://tracing).
 
-    engine.tracer = Tracer(rank, device)     # before the steps to record
+    engine.tracer = Tracer(rank, "rank 0: stage 0", device)   # before the steps to record
     ...
     engine.write_trace("trace.json")         # all ranks: merged by rank 0
 

@@ -1,21 +1,24 @@
 """Usage mistakes fail on every rank, before any message, with the values and the fix."""
+import subprocess
+import sys
+
 import pytest
 
-from launch import run_example
+from launch import ENV, ROOT, run_example
 
 SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic"]
 
 
 @pytest.mark.parametrize("ranks,flags,message", [
     (3, ["--stages", 2, "--dp", 2],
-     "error: the launcher started 3 processes but stages x data-parallel = 2 x 2 = 4: launch "
-     "with -n 4 (mpiexec) or --worker_num=4 (msrun), or change --stages/--dp so that their "
-     "product is 3"),
+     "error: the launcher started 3 processes but --stages 2 x --dp 2 = 4: launch "
+     "with -n 4 (mpiexec) or --worker_num=4 (msrun), or change stages and data_parallel so "
+     "that their product is 3"),
     (4, ["--stages", 2, "--dp", 2, "--batch-size", 12, "--micro-batches", 4],
-     "error: batch size 12 cannot be split over 2 data-parallel replicas x 4 micro-batches: "
+     "error: --batch-size 12 cannot be split over --dp 2 replicas x --micro-batches 4: "
      "it must be a multiple of 8; try --batch-size 8"),
     (4, ["--stages", 4, "--layers", 2],
-     "error: cannot split 3 layers into 4 stages: every stage needs at least one layer; use "
+     "error: cannot split 3 layers into --stages 4: every stage needs at least one layer; use "
      "--stages 3 or fewer, or a deeper model"),
     (2, ["--stages", 2, "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1"),
@@ -36,3 +39,15 @@ def test_damaged_mnist_file_is_named(tmp_path):
     done = run_example(1, "--data", "mnist", "--data-dir", tmp_path, "--steps", 1)
     assert done.returncode == 2
     assert f"error: {tmp_path}/train-images-idx3-ubyte.gz is not a complete MNIST IDX file" in done.stderr
+
+
+@pytest.mark.parametrize("cmd,message", [
+    (["./run_mnist_benchmark.sh", "--layout", "3"],
+     "error: --layout 3: use PxD (stages x replicas, e.g. 2x1) or all\n"),
+    ([sys.executable, "examples/mnist/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
+     "error: --batch-size 30 cannot be split over --dp 1 replicas x --micro-batches 4: it must "
+     "be a multiple of 4; try --batch-size 28\n"),
+])
+def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
+    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, message)

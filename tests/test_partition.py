@@ -51,8 +51,8 @@ def test_profiling_takes_each_layers_median_time():
 
 
 def test_more_stages_than_layers():
-    with pytest.raises(ValueError, match=r"cannot split 3 layers into 4 stages: every stage needs "
-                                         r"at least one layer; use --stages 3 or fewer"):
+    with pytest.raises(ValueError, match=r"cannot split 3 layers into stages=4: every stage needs "
+                                         r"at least one layer; use stages=3 or fewer"):
         stage_bounds(mlp([4] * 4), 4)
 
 
@@ -75,6 +75,18 @@ def test_topology_grid():
         [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
     assert topo.pipeline_ranks(1) == (2, 3)
     assert topo.data_parallel_ranks(1) == (1, 3, 5)
-    with pytest.raises(ValueError, match=r"the launcher started 4 processes but stages x "
-                                         r"data-parallel = 2 x 3 = 6: launch with -n 6"):
+    with pytest.raises(ValueError, match=r"the launcher started 4 processes but stages=2 x "
+                                         r"data_parallel=3 = 6: launch with -n 6"):
         topo.check_world_size(4)
+
+
+def test_library_errors_name_config_fields_and_programs_show_their_flags():
+    from pipe.config import PipelineConfig, as_flags
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(batch_size=30, data_parallel=2, micro_batches=4).check()
+    assert str(err.value) == ("batch_size=30 cannot be split over data_parallel=2 replicas x "
+                              "micro_batches=4: it must be a multiple of 8; try batch_size=24")
+    flags = {"batch_size": "--batch-size", "data_parallel": "--dp", "micro_batches": "--micro-batches"}
+    assert as_flags(str(err.value), flags) == ("--batch-size 30 cannot be split over --dp 2 "
+                                               "replicas x --micro-batches 4: it must be a "
+                                               "multiple of 8; try --batch-size 24")

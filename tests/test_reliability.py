@@ -114,7 +114,7 @@ def test_resume_with_another_layout_is_refused(saved):
     assert done.returncode == 2
     assert "was saved with {'stages': 2, 'data_parallel': 1, 'schedule': '1f1b', 'virtual_stages': " \
            "1, 'bounds': [[0, 2], [2, 4]]}, this run is {'stages': 1," in done.stderr
-    assert "resume with the same --stages/--dp/--schedule/--virtual-stages/--partition" in done.stderr
+    assert "resume with the same stages, data_parallel, schedule, virtual_stages and partition" in done.stderr
 
 
 def test_resume_from_nothing_is_refused(tmp_path):
@@ -132,7 +132,7 @@ def test_divergence_stops_every_rank_with_the_fix():
 @pytest.mark.parametrize("flag,value,message", [
     ("--micro-batches", "0", "argument --micro-batches: must be a positive integer, got 0"),
     ("--lr", "nan", "argument --lr: must be a positive finite number, got nan"),
-    ("--stages", "two", "argument --stages: invalid _count value: 'two'"),
+    ("--stages", "two", "argument --stages: invalid positive_int value: 'two'"),
     ("--save-every", "-1", "--steps (300) and --save-every (-1) cannot be negative"),
 ])
 def test_bad_flags_are_echoed(flag, value, message):

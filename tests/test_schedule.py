@@ -160,3 +160,17 @@ def test_cli_prints_table_bubble_and_messages(capsys):
     assert "bubble: 0.0769" in out
     assert "rank 0 sends: sF0->1 sF1->1 sF2->1 sF3->1" in out
     assert "rank 1 receives: rF0<-0 rF1<-0 rF2<-0 rF3<-0" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--stages", "0"], "error: --stages 0 must be a positive integer\n"),
+    (["--schedule", "interleaved-1f1b", "--stages", "2", "--micro-batches", "3"],
+     "error: interleaved 1F1B needs the micro-batches (3) to be a multiple of the stages (2): "
+     "use --micro-batches 4\n"),
+])
+def test_cli_answers_a_bad_value_with_one_line_and_exit_code_2(capsys, argv, message):
+    from pipe.schedule import main
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == message

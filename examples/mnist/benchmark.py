@@ -18,14 +18,17 @@ import statistics
 import sys
 import time
 
-import mindspore as ms
-import numpy as np
-from mindspore import nn
-from mindspore.common.initializer import HeUniform, initializer
+os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
+from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
-from train import build_model  # noqa: E402
+from train import FLAGS, build_model, positive_int  # noqa: E402
+from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
 from pipe.trace import Tracer, host_costs  # noqa: E402
@@ -34,15 +37,15 @@ from pipe.trace import Tracer, host_costs  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--impl", choices=["pipe", "builtin"], default="pipe")
-    p.add_argument("--stages", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--stages", type=positive_int, default=1)
+    p.add_argument("--dp", type=positive_int, default=1)
     p.add_argument("--schedule", default="1f1b")
-    p.add_argument("--micro-batches", type=int, default=1)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--inputs", type=int, default=784, help="input width")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--micro-batches", type=positive_int, default=1)
+    p.add_argument("--layers", type=positive_int, default=8)
+    p.add_argument("--hidden", type=positive_int, default=1024)
+    p.add_argument("--inputs", type=positive_int, default=784, help="input width")
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--steps", type=positive_int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--results", default="benchmark.jsonl")
@@ -143,4 +146,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, TypeError) as e:   # a bad value: one line naming it and the fix
+        print(f"error: {as_flags(str(e), FLAGS)}", file=sys.stderr)
+        sys.exit(2)

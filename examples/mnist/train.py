@@ -14,18 +14,21 @@ import os
 import shutil
 import sys
 
-import mindspore as ms
-import numpy as np
-from mindspore import nn
+os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import build_cnn  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
+from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineConfig, PipelineEngine, PipelineError  # noqa: E402
 
 
-def _count(text):
+def positive_int(text):
     """An integer flag that must be at least 1, with the value echoed when it is not."""
     value = int(text)
     if value < 1:
@@ -49,17 +52,17 @@ def _probability(text):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stages", type=_count, default=1, help="pipeline stages P")
-    p.add_argument("--dp", type=_count, default=1, help="data-parallel replicas D")
-    p.add_argument("--micro-batches", type=_count, default=4, help="micro-batches M per replica")
-    p.add_argument("--batch-size", type=_count, default=64, help="global mini-batch B")
+    p.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
+    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas D")
+    p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="global mini-batch B")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved-1f1b or zb-h1")
-    p.add_argument("--virtual-stages", type=_count, default=None,
+    p.add_argument("--virtual-stages", type=positive_int, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    p.add_argument("--layers", type=_count, default=3, help="hidden layers L")
-    p.add_argument("--hidden", type=_count, default=256, help="hidden width H")
+    p.add_argument("--layers", type=positive_int, default=3, help="hidden layers L")
+    p.add_argument("--hidden", type=positive_int, default=256, help="hidden width H")
     p.add_argument("--dropout", type=_probability, default=0.25, help="the CNN's dropout rate")
     p.add_argument("--lr", type=_positive, default=0.001)
     p.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="C",
@@ -75,7 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--resume", metavar="DIR", help="continue from the newest checkpoint in DIR")
     p.add_argument("--timeout", type=_positive, default=300.0,
                    help="seconds a rank may wait on another without progress before failing")
-    p.add_argument("--log-every", type=_count, default=10)
+    p.add_argument("--log-every", type=positive_int, default=10)
     p.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy at the end")
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="uniform",
                    help="split layers by count, by parameters, or by measured time")
@@ -172,18 +175,29 @@ def train(args, wire=None):
     return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine}
 
 
+# The config fields the library's errors name, as this program's flags.
+FLAGS = {"stages": "--stages", "data_parallel": "--dp", "micro_batches": "--micro-batches",
+         "batch_size": "--batch-size", "schedule": "--schedule", "virtual_stages": "--virtual-stages",
+         "partition": "--partition", "clip_grad_norm": "--clip-grad-norm", "seed": "--seed",
+         "timeout": "--timeout"}
+
+
+def _report(error):
+    print(f"error: {as_flags(str(error), FLAGS)}", file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         train(args)
     except (ValueError, TypeError, CheckpointError) as e:   # a usage mistake: what to change
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        _report(e)
         sys.exit(2)
     except FloatingPointError as e:                          # every rank saw the same loss
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        _report(str(e).replace("learning rate", "learning rate (--lr)"))
         sys.exit(1)
     except PipelineError as e:                               # say where this rank was, then
-        print(f"error: {e}", file=sys.stderr, flush=True)   # end the job: peers may be stuck
+        _report(e)                                           # end the job: peers may be stuck
         e.abort(1)
 
 
