@@ -1,53 +1,60 @@
-"""Host cost of accumulating 8 gradients: in place into Parameters vs returned (functional)."""
-import statistics, sys, time
-import mindspore as ms, numpy as np
+"""Host cost of accumulating 8 gradients: in place into Parameters, or passed and returned.
+
+    python examples/mnist/accumulate_cost.py GPU
+
+pipe passes its accumulators in and gets them back (functional); adding in place with
+`ops.assign_add` was measured slower on the device too (docs/benchmarks.md, section 6).
+"""
+import sys
+
+import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
-ms.set_context(mode=ms.PYNATIVE_MODE)
-ms.set_device(sys.argv[1] if len(sys.argv) > 1 else "GPU")
-shape = (1024, 1024)
-grads = tuple(ms.Tensor(np.ones(shape, np.float32)) for _ in range(8))
+
+from host_cost import host_us
+
+SHAPE, COUNT = (1024, 1024), 8
+
 
 class InPlace(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.acc = ms.ParameterTuple(ms.Parameter(ops.zeros(shape, ms.float32), name=f"a{i}", requires_grad=False) for i in range(8))
-    @ms.jit
-    def construct(self, first, *g):
-        out = ()
-        for i, a in enumerate(self.acc):
-            out = out + ((ops.assign(a, g[i]) if first else ops.assign_add(a, g[i])),)
-        return out
+    """Writes (`first`) or adds each gradient into its Parameter; returns the written ones,
+    or, with `returns_all` off, one unrelated tensor."""
 
-class InPlaceNoOut(nn.Cell):
-    def __init__(self):
+    def __init__(self, name, returns_all):
         super().__init__()
-        self.acc = ms.ParameterTuple(ms.Parameter(ops.zeros(shape, ms.float32), name=f"b{i}", requires_grad=False) for i in range(8))
+        self.returns_all = returns_all
+        self.accumulators = ms.ParameterTuple(
+            ms.Parameter(ops.zeros(SHAPE, ms.float32), name=f"{name}{i}", requires_grad=False)
+            for i in range(COUNT))
+
     @ms.jit
-    def construct(self, first, *g):
-        for i, a in enumerate(self.acc):
-            if first:
-                ops.assign(a, g[i])
-            else:
-                ops.assign_add(a, g[i])
-        return g[0] * 1.0
+    def construct(self, first, *grads):
+        written = ()
+        for i, acc in enumerate(self.accumulators):
+            written = written + ((ops.assign(acc, grads[i]) if first else ops.assign_add(acc, grads[i])),)
+        return written if self.returns_all else grads[0] * 1.0
+
 
 class Functional(nn.Cell):
     @ms.jit
-    def construct(self, acc, *g):
-        return tuple(acc[i] + g[i] for i in range(8))
+    def construct(self, accumulators, *grads):
+        return tuple(accumulators[i] + grads[i] for i in range(COUNT))
 
-def host_us(call, n=200):
-    for _ in range(10): call()
-    ms.runtime.synchronize()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); call(); ts.append(time.perf_counter() - t)
-    ms.runtime.synchronize()
-    return statistics.median(ts) * 1e6
-a, b, f = InPlace(), InPlaceNoOut(), Functional()
-acc = tuple(ops.zeros(shape, ms.float32) for _ in range(8))
-print("host us per call, 8 gradients of 1024x1024:")
-print(f"  in place, returns the 8 written   first={host_us(lambda: a(True, *grads)):7.1f}  add={host_us(lambda: a(False, *grads)):7.1f}")
-print(f"  in place, returns one tensor      first={host_us(lambda: b(True, *grads)):7.1f}  add={host_us(lambda: b(False, *grads)):7.1f}")
-print(f"  functional: mutable(acc) in, out  {host_us(lambda: f(ms.mutable(acc), *grads)):7.1f}")
-print(f"  in place alternating first/add    {host_us(lambda: (b(True, *grads), b(False, *grads))) / 2:7.1f}")
+
+def main(device):
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device(device)
+    grads = tuple(ms.Tensor(np.ones(SHAPE, np.float32)) for _ in range(COUNT))
+    accumulators = tuple(ops.zeros(SHAPE, ms.float32) for _ in range(COUNT))
+    all_out, one_out, functional = InPlace("a", True), InPlace("b", False), Functional()
+    print(f"host us per call, {COUNT} gradients of {SHAPE[0]}x{SHAPE[1]}:")
+    for label, cell in (("in place, returns the 8 written", all_out), ("in place, returns one tensor", one_out)):
+        print(f"  {label:32s}  first={host_us(lambda: cell(True, *grads)):7.1f}  "
+              f"add={host_us(lambda: cell(False, *grads)):7.1f}")
+    print(f"  functional: mutable(acc) in, out  {host_us(lambda: functional(ms.mutable(accumulators), *grads)):7.1f}")
+    alternating = host_us(lambda: (one_out(True, *grads), one_out(False, *grads))) / 2
+    print(f"  in place alternating first/add    {alternating:7.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "GPU")
