@@ -9,8 +9,8 @@ Two backends with one small interface (`send`, `recv`, `all_reduce`):
   matching receive, as NCCL's do, so a message order that could hang on GPUs hangs on CPU
   too, and every wait has a deadline instead of blocking forever.
 
-`PointToPoint` names the messages by direction (`send_forward`, `recv_backward`, ...) the
-way the schedule's actions do.
+`PointToPoint` carries one rank's pipeline messages: each send or receive action of a
+lowered schedule names its peer and tag, and the wire needs nothing else.
 """
 import os
 import sys
@@ -157,34 +157,16 @@ def connect(device, timeout):
 
 
 class PointToPoint:
-    """The four pipeline messages of one rank, named by direction.
+    """One rank's pipeline messages, as its lowered schedule stamped them (peer, tag,
+    boundary). `ranks[peer]` is the peer's global rank; `shapes[b]` the (shape, dtype) of
+    what crosses boundary b: the activation into virtual stage b, or its gradient back."""
 
-    `shapes[vs]` is the (shape, dtype) of the activation entering virtual stage vs, which is
-    also the shape of the gradient that virtual stage vs-1 receives back.
-    """
+    def __init__(self, wire, pipeline_ranks, shapes):
+        self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
 
-    def __init__(self, wire, schedule, pipeline_ranks, rank_in_pipeline, shapes):
-        self.wire, self.schedule, self.shapes = wire, schedule, shapes
-        self.ranks, self.me = pipeline_ranks, rank_in_pipeline
+    def send(self, tensor, action):
+        self.wire.send(tensor, self.ranks[action.peer], action.tag)
 
-    def _tag(self, kind, mb, receiving_vs):
-        return (mb * self.schedule.virtual_stages + receiving_vs) * 2 + (kind == "B")
-
-    def _vs(self, action):
-        return self.schedule.virtual_stage(self.me, action.chunk)
-
-    def send_forward(self, tensor, action):
-        self.wire.send(tensor, self.ranks[action.peer], self._tag("F", action.mb, self._vs(action) + 1))
-
-    def recv_forward(self, action):
-        vs = self._vs(action)
-        shape, dtype = self.shapes[vs]
-        return self.wire.recv(shape, dtype, self.ranks[action.peer], self._tag("F", action.mb, vs))
-
-    def send_backward(self, tensor, action):
-        self.wire.send(tensor, self.ranks[action.peer], self._tag("B", action.mb, self._vs(action) - 1))
-
-    def recv_backward(self, action):
-        vs = self._vs(action)
-        shape, dtype = self.shapes[vs + 1]
-        return self.wire.recv(shape, dtype, self.ranks[action.peer], self._tag("B", action.mb, vs))
+    def recv(self, action):
+        shape, dtype = self.shapes[action.boundary]
+        return self.wire.recv(shape, dtype, self.ranks[action.peer], action.tag)

@@ -114,8 +114,7 @@ class PipelineEngine:
         self._warm, self._executing = {}, None   # which schedules have run (and compiled) once
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
         self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
-                     "sF": self._send_forward, "rF": self._recv_forward,
-                     "sB": self._send_backward, "rB": self._recv_backward}
+                     "sF": self._send, "sB": self._send, "rF": self._recv, "rB": self._recv}
 
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
@@ -152,7 +151,7 @@ class PipelineEngine:
             self._handshake(batch.inputs[0], batch.labels[0])
         rows = len(batch.inputs[0])
         shapes = {vs: ((rows,) + shape[1:], dtype) for vs, (shape, dtype) in self.p2p.shapes.items()}
-        p2p = PointToPoint(self.wire, self.forward_only, self.p2p.ranks, self.me, shapes)
+        p2p = PointToPoint(self.wire, self.p2p.ranks, shapes)
         self._execute(self.forward_only, p2p, batch)
         self._disarm(self.forward_only)
         last = self.chunks[-1].is_last
@@ -251,17 +250,11 @@ class PipelineEngine:
     def _weight_grad(self, action, batch):
         self.chunks[action.chunk].backward_weight(action.mb)
 
-    def _send_forward(self, action, batch):
-        self._p2p_now.send_forward(self._outbox.pop(("F", action.mb, action.chunk)), action)
+    def _send(self, action, batch):          # sF / sB: the activation or gradient F / B made
+        self._p2p_now.send(self._outbox.pop((action.kind[1], action.mb, action.chunk)), action)
 
-    def _recv_forward(self, action, batch):
-        self._inbox[("F", action.mb, action.chunk)] = self._p2p_now.recv_forward(action)
-
-    def _send_backward(self, action, batch):
-        self._p2p_now.send_backward(self._outbox.pop(("B", action.mb, action.chunk)), action)
-
-    def _recv_backward(self, action, batch):
-        self._inbox[("B", action.mb, action.chunk)] = self._p2p_now.recv_backward(action)
+    def _recv(self, action, batch):          # rF / rB: what this micro-batch's F / B needs
+        self._inbox[(action.kind[1], action.mb, action.chunk)] = self._p2p_now.recv(action)
 
     # ---- after the schedule -------------------------------------------------------------
     def _all_reduce_grads(self, grads):
@@ -363,4 +356,4 @@ class PipelineEngine:
         with self._reported("the shape check before the first step", catch=WireTimeout):
             shapes, self.output_spec = handshake(self.wire, self.schedule, ranks, self.me, self.chunks,
                                                  self.all_bounds, x, labels, self.topo.world_size)
-        self.p2p = PointToPoint(self.wire, self.schedule, ranks, self.me, shapes)
+        self.p2p = PointToPoint(self.wire, ranks, shapes)

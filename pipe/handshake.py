@@ -13,7 +13,6 @@ from pipe.comm import WIRE_DTYPES
 
 __all__ = ["handshake", "check_input"]
 
-TAG = 32000                            # above every micro-batch message's tag
 HEADER = 8                             # int32s: rank of the shape, dtype index, dims...
 DTYPES = list(WIRE_DTYPES)             # a dtype travels in the header as its index here
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
@@ -84,7 +83,7 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
     for chunk, stage in enumerate(stages):
         vs = schedule.virtual_stage(me, chunk)
         spec_in = (tuple(x.shape), x.dtype) if vs == 0 else read_header(
-            wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)], TAG).asnumpy())
+            wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)], schedule.free_tag).asnumpy())
         spec_out = None
         if spec_in is not None and failure is None:
             problem = check_input(stage, spec_in, wire.dtypes if vs else None)
@@ -98,7 +97,7 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
                 failure = (vs, *problem, spec_in)
         specs[vs], specs[vs + 1] = spec_in, spec_out
         if vs < V - 1:
-            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], TAG)
+            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], schedule.free_tag)
     # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it
     # got), and the model's output spec for predict. Rows are summed, so each rank fills
     # only its own.

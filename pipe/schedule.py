@@ -5,9 +5,9 @@ split the backward), for one micro-batch on one of the rank's model chunks. `low
 the point-to-point messages; `pipe.simulator` replays the result to check and time it; the
 engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule", "lower", "message_key", "peak_in_flight"]
+__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule", "lower", "message_key", "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
@@ -17,12 +17,16 @@ SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
 class Action:
     """One thing a rank does. Prints as `F3` (forward of micro-batch 3), `B3:1` (backward of
     micro-batch 3 on the rank's model chunk 1), `sF3` / `rF3` (send / receive the activation
-    of micro-batch 3), `sB3` / `rB3` (send / receive its gradient); `peer` is the other rank."""
+    of micro-batch 3), `sB3` / `rB3` (send / receive its gradient); `peer` is the other rank.
+    `lower()` stamps each message with its wire `tag` and the `boundary` it crosses (b: into
+    virtual stage b, or back out of it), all the wire needs; they follow from the rest."""
 
     kind: str
     mb: int
     chunk: int = 0
     peer: int = -1
+    tag: int = field(default=-1, compare=False)
+    boundary: int = field(default=-1, compare=False)
 
     def __str__(self):
         return f"{self.kind}{self.mb}" + (f":{self.chunk}" if self.chunk else "")
@@ -56,6 +60,11 @@ class Schedule:
 
     def virtual_stage(self, rank, chunk):
         return chunk * self.stages + rank
+
+    @property
+    def free_tag(self):
+        """A tag no message of this schedule uses (the shape handshake's)."""
+        return message_tag(("F", self.micro_batches, 0), self.virtual_stages)
 
 
 def gpipe(stages, micro_batches):
@@ -200,7 +209,10 @@ def _messages(schedule, rank, action):
     recvs, sends = [], []
 
     def comm(kind, other_vs):
-        return Action(kind, action.mb, action.chunk, schedule.rank_of(other_vs))
+        receiving = other_vs if kind[0] == "s" else vs
+        return Action(kind, action.mb, action.chunk, schedule.rank_of(other_vs),
+                      tag=message_tag((kind[1], action.mb, receiving), schedule.virtual_stages),
+                      boundary=max(vs, other_vs))
 
     if action.kind == "F":
         if vs > 0:
@@ -287,6 +299,13 @@ def message_key(schedule, rank, action):
     if action.kind == SEND_B:
         return ("B", action.mb, vs - 1)
     return (action.kind[1], action.mb, vs)
+
+
+def message_tag(key, virtual_stages):
+    """The wire tag of the message with `message_key` key: one per (F or B, micro-batch,
+    receiving virtual stage)."""
+    kind, mb, vs = key
+    return (mb * virtual_stages + vs) * 2 + (kind == "B")
 
 
 def peak_in_flight(schedule, rank, through="B"):

@@ -174,3 +174,22 @@ def test_cli_answers_a_bad_value_with_one_line_and_exit_code_2(capsys, argv, mes
         main(argv)
     assert done.value.code == 2
     assert capsys.readouterr().err == message
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_lowering_stamps_what_the_wire_needs(name):
+    """Each send and its receive carry the same tag and boundary; tags differ between
+    messages, and the handshake's free tag is none of them."""
+    chunks = 2 if name == "interleaved-1f1b" else 1
+    schedule = lower(make_schedule(name, 3, 6, chunks))
+    stamps = {}
+    for rank, actions in enumerate(schedule.actions):
+        for a in actions:
+            if not a.is_compute:
+                key = message_key(schedule, rank, a)
+                stamps.setdefault(key, set()).add((a.tag, a.boundary))
+    assert all(len(stamp) == 1 for stamp in stamps.values())
+    tags = [tag for stamp in stamps.values() for tag, _ in stamp]
+    assert len(set(tags)) == len(tags) and 0 <= min(tags) and max(tags) < schedule.free_tag
+    for (kind, _, receiving), stamp in stamps.items():     # F goes into `receiving`, B out of the next
+        assert {b for _, b in stamp} == {receiving if kind == "F" else receiving + 1}
