@@ -5,7 +5,7 @@
 
 Every rank builds the same full model (same seed), keeps its stage's layers, and walks its
 list of schedule actions: F, B, and the sends/receives between them. The engine itself
-decides nothing about order; `pipe.schedule` does.
+decides nothing about order; `pipe.schedule` does (`python -m pipe` prints one).
 """
 import math
 import os

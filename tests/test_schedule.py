@@ -153,7 +153,7 @@ def test_zb_h1_bubble_is_about_a_third_of_1f1b(stages, micro_batches):
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):
-    from pipe.schedule import main
+    from pipe.__main__ import main
     main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "4"])
     out = capsys.readouterr().out
     assert out.startswith("step rank0 rank1\n0    F0    .\n1    F1    F0\n2    .     B0\n")
@@ -169,7 +169,7 @@ def test_cli_prints_table_bubble_and_messages(capsys):
      "use --micro-batches 4\n"),
 ])
 def test_cli_answers_a_bad_value_with_one_line_and_exit_code_2(capsys, argv, message):
-    from pipe.schedule import main
+    from pipe.__main__ import main
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 2
