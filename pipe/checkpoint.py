@@ -48,6 +48,16 @@ def _write_text(path, text):
     _atomic(path, write)
 
 
+def stage_file(where, virtual_stage):
+    """A virtual stage's parameters and buffers, by whole-model name."""
+    return os.path.join(where, f"stage-{virtual_stage}.ckpt")
+
+
+def optimizer_file(where, stage):
+    """A pipeline stage's optimizer state (replica 0 writes it; replicas hold the same)."""
+    return os.path.join(where, f"optimizer-{stage}.ckpt")
+
+
 def save_params(path, named):
     """Write [(name, Parameter or Tensor)] as a MindSpore checkpoint, atomically."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -64,7 +74,7 @@ def _sha256(path):
 
 def merge(directory):
     """Combine every `stage-<s>.ckpt` in `directory` into `directory/model.ckpt`."""
-    paths = sorted(glob.glob(os.path.join(directory, "stage-*.ckpt")),
+    paths = sorted(glob.glob(stage_file(directory, "*")),
                    key=lambda p: int(os.path.basename(p)[6:-5]))
     if not paths:
         raise CheckpointError(f"no stage-<s>.ckpt files in {directory!r}: point it at a step "

@@ -8,7 +8,6 @@ list of schedule actions: F, B, and the sends/receives between them. The engine 
 decides nothing about order; `pipe.schedule` does (`python -m pipe` prints one).
 """
 import math
-import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -308,9 +307,9 @@ class PipelineEngine:
         if self.replica == 0:
             for c, chunk in enumerate(self.chunks):
                 vs = self.schedule.virtual_stage(self.me, c)
-                checkpoint.save_params(os.path.join(where, f"stage-{vs}.ckpt"),
+                checkpoint.save_params(checkpoint.stage_file(where, vs),
                                        zip(self.param_names[c], chunk.state))
-            checkpoint.save_params(os.path.join(where, f"optimizer-{self.me}.ckpt"),
+            checkpoint.save_params(checkpoint.optimizer_file(where, self.me),
                                    self.optimizer.parameters_and_names())
         self.barrier()
         if self.wire.rank == 0:
@@ -327,10 +326,10 @@ class PipelineEngine:
                 "resume with the same stages, data_parallel, schedule, virtual_stages and partition")
         for c, chunk in enumerate(self.chunks):
             vs = self.schedule.virtual_stage(self.me, c)
-            values = ms.load_checkpoint(os.path.join(where, f"stage-{vs}.ckpt"))
+            values = ms.load_checkpoint(checkpoint.stage_file(where, vs))
             for p, name in zip(chunk.state, self.param_names[c]):
                 p.set_data(values[name])
-        ms.load_param_into_net(self.optimizer, ms.load_checkpoint(os.path.join(where, f"optimizer-{self.me}.ckpt")))
+        ms.load_param_into_net(self.optimizer, ms.load_checkpoint(checkpoint.optimizer_file(where, self.me)))
         self.step = meta["step"]
         return meta
 
