@@ -20,16 +20,18 @@ def main(argv=None):
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES))
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank (interleaved)")
+    p.add_argument("--virtual-stages", type=int, help="chunks per rank (interleaved: 2)")
     p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "B", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
-    chunks = args.virtual_stages if args.schedule == "interleaved-1f1b" else 1
     try:
-        PipelineConfig(stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
-                       virtual_stages=chunks, batch_size=args.micro_batches).check()
+        config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
+                                schedule=args.schedule, virtual_stages=args.virtual_stages,
+                                batch_size=args.micro_batches)
+        config.check()
+        chunks = config.virtual_stages
         schedule = schedules.lower(schedules.make_schedule(args.schedule, args.stages,
                                                            args.micro_batches, chunks))
     except ValueError as e:          # one line naming the value and the fix, exit code 2

@@ -1,7 +1,7 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message."""
 import re
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 __all__ = ["PipelineConfig", "as_flags"]
 
@@ -21,13 +21,17 @@ class PipelineConfig:
     micro_batches: int = 1               # M: micro-batches per replica per step
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
-    virtual_stages: int = 1              # v: model chunks per rank (interleaved-1f1b only)
+    virtual_stages: Optional[int] = None  # v: model chunks per rank; None: 2 for interleaved-1f1b, else 1
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
+
+    def __post_init__(self):
+        if self.virtual_stages is None:
+            self.virtual_stages = 2 if self.schedule == "interleaved-1f1b" else 1
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""

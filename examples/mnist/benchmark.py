@@ -112,7 +112,6 @@ def main(argv=None):
         ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=bool(args.trace) and device == "CPU")
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
-                                virtual_stages=2 if args.schedule == "interleaved-1f1b" else 1,
                                 partition=args.partition, recompute=args.recompute, device=device)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                                 sample=x[:args.batch_size // (D * args.micro_batches)])

@@ -123,7 +123,7 @@ def train(args, wire=None):
                             schedule=args.schedule, device=device, timeout=args.timeout,
                             recompute=args.recompute, partition=args.partition,
                             clip_grad_norm=args.clip_grad_norm, seed=args.seed,
-                            virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1))
+                            virtual_stages=args.virtual_stages)
     sample = np.zeros((args.batch_size // (args.dp * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
