@@ -20,10 +20,10 @@ from pipe.comm import PointToPoint, WireTimeout, connect
 from pipe.config import PipelineConfig
 from pipe.dropout import MaskDraw
 from pipe.handshake import handshake
-from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
+from pipe.layout import build_layout
+from pipe.partition import check_model, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule, format_position
-from pipe.stage import Stage
 from pipe.topology import Topology
 from pipe.trace import merge_traces
 from pipe.watchdog import Watchdog
@@ -77,32 +77,16 @@ class PipelineEngine:
         self.topo = Topology(config.stages, config.data_parallel)
         self.wire = wire or connect(config.device, config.timeout)
         self.topo.check_world_size(self.wire.size)
-        self.partition = config.partition if config.partition != "time" else \
+        costs = config.partition if config.partition != "time" else \
             timed_costs(model, sample, self.wire, self.topo.world_size)
         rank = self.wire.rank
         self.me, self.replica = self.topo.stage_of(rank), self.topo.replica_of(rank)
         v = config.virtual_stages
         self.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches, v)
-        V = self.schedule.virtual_stages
-        self.all_bounds = stage_bounds(model, V, self.partition)
-        scale = 1.0 / (config.micro_batches * config.data_parallel)
-        self.chunks, self.bounds, self.param_names = [], [], []   # per model chunk of this rank
-        for c in range(v):
-            vs = self.schedule.virtual_stage(self.me, c)
-            layers, names = partition(model, V, vs, self.partition)
-            self.chunks.append(Stage(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                                     grad_scale=scale, recompute=config.recompute,
-                                     first_layer=self.all_bounds[vs][0]))
-            self.bounds.append(self.all_bounds[vs])
-            self.param_names.append(names)
-        self.params = [p for chunk in self.chunks for p in chunk.params]
-        self.buffers = [b for chunk in self.chunks for b in chunk.buffers]
-        for chunk, names in zip(self.chunks, self.param_names):
-            for p, name in zip(chunk.state, names):
-                p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
-        names = [p.name for p in self.params]
-        self.tied = tied_weights(model, self.all_bounds, self.params, names, lambda vs: [
-            self.topo.rank_of(self.schedule.rank_of(vs), r) for r in range(config.data_parallel)])
+        layout = build_layout(model, loss_fn, config, self.schedule, self.topo, self.me, costs)
+        self.chunks, self.bounds, self.all_bounds = layout.chunks, layout.bounds, layout.all_bounds
+        self.param_names, self.tied = layout.names, layout.tied
+        self.params, self.buffers = layout.params, layout.buffers
         self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)
         self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
