@@ -7,7 +7,8 @@ engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
 from dataclasses import dataclass, field
 
-__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule", "lower", "message_key", "message_tag", "peak_in_flight"]
+__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule",
+           "lower", "message_key", "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"

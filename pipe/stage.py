@@ -293,7 +293,8 @@ class Stage:
         self.layers = leaves(layers)
         self.params = distinct(p for layer in self.layers for p in layer.trainable_params())
         self.buffers = distinct(p for layer in self.layers for p in layer.untrainable_params())
-        named = [(first_layer + i, j) for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
+        named = [(first_layer + i, j)          # (layer of the model, leaf within it)
+                 for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
         self.dropouts = [(k, named[k], layer.dropout.keep_prob)
                          for k, layer in enumerate(self.layers) if keeps_mask(layer)]
         self._mask_shapes = {}  # stage input shape -> each dropout layer's input shape
@@ -308,7 +309,7 @@ class Stage:
         self.recompute = recompute
         self.training = None   # the mode the layers are in
         self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
-        self._keys, self._sizes = {}, {}   # micro-batch -> kind of entry -> its bytes
+        self._keys, self._sizes = {}, {}   # micro-batch -> kind of its entry; kind -> bytes
         self.grads = ()        # accumulated weight gradients, in `params` order (() at a step's start)
         self.held_bytes = self.peak_bytes = 0
 

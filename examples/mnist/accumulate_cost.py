@@ -48,10 +48,12 @@ def main(device):
     accumulators = tuple(ops.zeros(SHAPE, ms.float32) for _ in range(COUNT))
     all_out, one_out, functional = InPlace("a", True), InPlace("b", False), Functional()
     print(f"host us per call, {COUNT} gradients of {SHAPE[0]}x{SHAPE[1]}:")
-    for label, cell in (("in place, returns the 8 written", all_out), ("in place, returns one tensor", one_out)):
+    for label, cell in (("in place, returns the 8 written", all_out),
+                        ("in place, returns one tensor", one_out)):
         print(f"  {label:32s}  first={host_us(lambda: cell(True, *grads)):7.1f}  "
               f"add={host_us(lambda: cell(False, *grads)):7.1f}")
-    print(f"  functional: mutable(acc) in, out  {host_us(lambda: functional(ms.mutable(accumulators), *grads)):7.1f}")
+    passed = host_us(lambda: functional(ms.mutable(accumulators), *grads))
+    print(f"  functional: mutable(acc) in, out  {passed:7.1f}")
     alternating = host_us(lambda: (one_out(True, *grads), one_out(False, *grads))) / 2
     print(f"  in place alternating first/add    {alternating:7.1f}")
 
