@@ -94,7 +94,6 @@ class PipelineEngine:
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.watchdog = None if self.wire.has_deadlines else Watchdog(config.timeout, self._where)
         self.step = 0                    # optimizer steps taken (dropout masks depend on it)
-        self._warm, self._executing = {}, None   # which schedules have run (and compiled) once
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
         self._run = {"F": self._forward, "B": self._backward, "W": self._weight_grad,
                      "sF": self._send, "sB": self._send, "rF": self._recv, "rB": self._recv}
@@ -108,7 +107,12 @@ class PipelineEngine:
             self._handshake(batch.inputs[0], batch.labels[0])
         for chunk in self.chunks:
             chunk.zero_grads()
-        self._execute(self.schedule, self.p2p, batch)          # forward / backward, messages
+        # The gradient arithmetic. The last stage starts each micro-batch's backward from
+        # d loss / d logits x 1/(M x D) (pipe.layout), each chunk sums its M micro-batches'
+        # weight gradients as they come (pipe.stage), and the all-reduce sums over the D
+        # replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch mean, the
+        # gradient one process computes on the whole batch.
+        self._execute(self.schedule, self.p2p, batch)          # recv -> F -> send ... B, W
         with self._at("the all-reduce of the gradients"), self._span("all-reduce"):
             grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
             if self.config.clip_grad_norm:
@@ -148,7 +152,9 @@ class PipelineEngine:
 
     def _execute(self, schedule, p2p, batch):
         """Run this rank's actions in order. This loop is the whole runtime."""
-        self._p2p_now, self._executing = p2p, schedule.name
+        self._p2p_now = p2p
+        if self.watchdog:
+            self.watchdog.begin(schedule.name)
         for i, action in enumerate(schedule.actions[self.me]):
             with self._at((schedule, i)), self._span(str(action)):
                 self._run[action.kind](action, batch)
@@ -170,14 +176,13 @@ class PipelineEngine:
 
     def _arm(self, where):
         """Time the wait that starts now, once this kind of step has run (compiled) once."""
-        if self.watchdog and self._warm.get(self._executing):
+        if self.watchdog:
             self.watchdog.progress(where)
 
     def _disarm(self, schedule):
         """Between steps the user's code runs: nothing to time."""
         if self.watchdog:
-            self.watchdog.pause()
-        self._warm[schedule.name] = True
+            self.watchdog.pause(schedule.name)
 
     def _where(self, position):
         """Which rank, which action, shown in this rank's action list."""

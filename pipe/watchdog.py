@@ -1,8 +1,8 @@
 """A deadline for wires that cannot time out by themselves (NCCL/HCCL sends and receives).
 
-The engine arms it with `progress(where)` as it starts each action of a step and `pause()`s
-it between steps, so only the engine's own work is timed (not the user's code, nor the first
-step, which compiles). If no progress comes for `timeout` seconds while armed, it prints
+The engine announces each step with `begin(kind)`, arms it with `progress(where)` as it
+starts each action and `pause(kind)`s it between steps, so only the engine's own work is
+timed: not the user's code, nor the first step of each kind (a schedule), which compiles. If no progress comes for `timeout` seconds while armed, it prints
 where this rank is stuck and ends the process: a dead peer becomes a prompt, explained
 failure instead of a hang inside a receive.
 """
@@ -18,13 +18,21 @@ class Watchdog:
     def __init__(self, timeout, describe):
         self.timeout, self.describe = timeout, describe   # describe(where) -> report text
         self.where, self.last, self.armed = None, time.monotonic(), False
+        self.compiled, self.timed = set(), True   # kinds of step run once; is this one timed
         threading.Thread(target=self._watch, daemon=True).start()
 
-    def progress(self, where):
-        self.where, self.last, self.armed = where, time.monotonic(), True
+    def begin(self, kind):
+        self.timed = kind in self.compiled
 
-    def pause(self):
+    def progress(self, where):
+        if self.timed:
+            self.where, self.last, self.armed = where, time.monotonic(), True
+
+    def pause(self, kind=None):
+        """Between steps: nothing is timed. `kind`: the step that ended (now compiled)."""
         self.armed = False
+        if kind is not None:
+            self.compiled.add(kind)
 
     def _watch(self):
         while True:

@@ -37,3 +37,11 @@ def test_a_paused_watchdog_lets_user_code_take_its_time():
 def test_progress_keeps_it_quiet():
     done = run('for i in range(50):\n    dog.progress(i)\n    time.sleep(0.1)', timeout=2.0)
     assert done.returncode == 0 and "finished" in done.stdout
+
+
+def test_the_first_step_of_a_kind_compiles_untimed_the_next_is_timed():
+    body = ('dog.begin("1f1b")\ndog.progress("F0")\ntime.sleep(2.5)\ndog.pause("1f1b")\n'
+            'dog.begin("1f1b")\ndog.progress("rB3")\ntime.sleep(60)')
+    done = run(body, timeout=0.5)
+    assert done.returncode == 1
+    assert "error: no progress for 0.5 s: rank 0 was at rB3" in done.stderr
