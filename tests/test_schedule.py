@@ -55,6 +55,50 @@ step rank0 rank1 rank2 rank3
 21   B7    .     .     ."""
 
 
+INTERLEAVED_2x4_V2 = """\
+step rank0 rank1
+0    F0    .
+1    F1    F0
+2    F0:1  F1
+3    F1:1  F0:1
+4    F2    B0:1
+5    B0:1  F1:1
+6    F3    B1:1
+7    B1:1  F2
+8    F2:1  B0
+9    B0    F3
+10   F3:1  B1
+11   B1    F2:1
+12   .     B2:1
+13   B2:1  F3:1
+14   .     B3:1
+15   B3:1  B2
+16   B2    B3
+17   B3    ."""
+
+ZB_H1_3x6 = """\
+step rank0 rank1 rank2
+0    F0    .     .
+1    F1    F0    .
+2    F2    F1    F0
+3    .     .     B0
+4    .     B0    F1
+5    B0    F2    B1
+6    F3    B1    F2
+7    B1    F3    B2
+8    F4    B2    W0
+9    B2    W0    F3
+10   W0    F4    B3
+11   F5    B3    W1
+12   B3    W1    F4
+13   W1    F5    B4
+14   W2    B4    W2
+15   B4    W2    F5
+16   W3    W3    B5
+17   W4    B5    W3
+18   B5    W4    W4
+19   W5    W5    W5"""
+
 def test_gpipe_table():
     assert format_table(lower(SCHEDULES["gpipe"](4, 8))) == GPIPE_4x8
 
@@ -62,6 +106,16 @@ def test_gpipe_table():
 def test_1f1b_table():
     assert format_table(lower(SCHEDULES["1f1b"](4, 8))) == ONE_F_ONE_B_4x8
 
+
+
+def test_interleaved_1f1b_table():
+    """Chunk c of rank r is virtual stage c*P + r; the order is Megatron's and torch's."""
+    assert format_table(lower(make_schedule("interleaved-1f1b", 2, 4, 2))) == INTERLEAVED_2x4_V2
+
+
+def test_zb_h1_table():
+    """B (input gradient) first, W (weight gradient) deferred into the bubbles."""
+    assert format_table(lower(make_schedule("zb-h1", 3, 6))) == ZB_H1_3x6
 
 def test_1f1b_phases_on_first_rank():
     """Warm-up P-1 forwards, steady alternation, cool-down backwards."""
