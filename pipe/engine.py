@@ -15,7 +15,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe import checkpoint
+from pipe import allreduce, checkpoint
 from pipe.comm import PointToPoint, WireTimeout, connect
 from pipe.config import PipelineConfig
 from pipe.dropout import MaskDraw
@@ -87,6 +87,9 @@ class PipelineEngine:
         self.chunks, self.bounds, self.all_bounds = layout.chunks, layout.bounds, layout.all_bounds
         self.param_names, self.tied = layout.names, layout.tied
         self.params, self.buffers = layout.params, layout.buffers
+        self._counted = [k not in self.tied or rank == min(      # in the norm: a tied weight on
+            r for r in self.tied[k] if self.topo.replica_of(r) == self.replica)   # one rank only
+            for k in range(len(self.params))]
         self.optimizer = make_optimizer(self.params)
         self._update = _CompiledUpdate(self.optimizer)
         self.forward_only = lower(forward_only(config.stages, config.micro_batches, v))
@@ -113,16 +116,20 @@ class PipelineEngine:
         # replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch mean, the
         # gradient one process computes on the whole batch.
         self._execute(self.schedule, self.p2p, batch)          # recv -> F -> send ... B, W
+        replicas, world = self.topo.data_parallel_ranks(self.me), tuple(range(self.topo.world_size))
         with self._at("the all-reduce of the gradients"), self._span("all-reduce"):
-            grads = self._all_reduce_grads(tuple(g for c in self.chunks for g in c.grads))
+            grads = allreduce.sum_gradients(self.wire, tuple(g for c in self.chunks for g in c.grads),
+                                            replicas, self.tied)
             if self.config.clip_grad_norm:
-                grads = self._clip(grads)
+                grads = allreduce.clip_by_global_norm(self.wire, grads, self._counted,
+                                                      self.config.clip_grad_norm, world, len(replicas))
         with self._span("optimizer"):
             self._update(ms.mutable(grads))                    # update
         with self._at("the all-reduce of the moving statistics and the loss"):
-            if self.buffers and self.config.data_parallel > 1:
-                self._average_buffers()
-            loss = self._step_loss(batch.outputs)
+            if self.buffers and len(replicas) > 1:
+                allreduce.average_buffers(self.wire, self.buffers, replicas)
+            loss = allreduce.step_loss(self.wire, batch.outputs, self.config.micro_batches,
+                                       len(replicas), world)
         self._disarm(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
@@ -245,49 +252,6 @@ class PipelineEngine:
         self._inbox[(action.kind[1], action.mb, action.chunk)] = self._p2p_now.recv(action)
 
     # ---- after the schedule -------------------------------------------------------------
-    def _all_reduce_grads(self, grads):
-        """Sum gradients over the replicas, as one flat buffer (one message); a tied weight's
-        over every rank holding a copy (its replicas included)."""
-        grads = list(grads)
-        plain = [k for k in range(len(grads)) if k not in self.tied]
-        if self.config.data_parallel > 1 and plain:
-            flat = ops.cat([grads[k].reshape(-1) for k in plain])
-            flat = self.wire.all_reduce(flat, self.topo.data_parallel_ranks(self.me))
-            for k, part in zip(plain, ops.split(flat, [grads[k].size for k in plain])):
-                grads[k] = part.reshape(grads[k].shape)
-        for k, ranks in self.tied.items():
-            grads[k] = self.wire.all_reduce(grads[k], ranks)
-        return tuple(grads)
-
-    def _clip(self, grads):
-        """Scale every gradient by clip / max(norm, clip), `norm` the L2 norm of the whole
-        model's gradient (as ops.clip_by_global_norm on one process). Each rank adds up the
-        squares of its own gradients, a tied weight's on its first stage only; the world sums
-        them, and the D replicas, holding the same gradients, count D times."""
-        owned = [g for k, g in enumerate(grads)
-                 if k not in self.tied or self.wire.rank == min(
-                     r for r in self.tied[k] if self.topo.replica_of(r) == self.replica)]
-        squares = sum(float((g * g).sum().asnumpy()) for g in owned)
-        total = self.wire.all_reduce(ms.Tensor([squares], ms.float32), tuple(range(self.topo.world_size)))
-        norm = math.sqrt(float(total.asnumpy()[0]) / self.config.data_parallel)
-        clip = self.config.clip_grad_norm
-        return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
-
-    def _average_buffers(self):
-        """Replicas see different data, so their moving statistics drift apart: after every
-        step each holds the mean over the replicas. (One all-reduce per buffer: a slice of a
-        flat buffer would be a view, which batch norm's in-place update refuses; assigned in
-        place, since compiled graphs hold the buffer's storage.)"""
-        ranks, D = self.topo.data_parallel_ranks(self.me), self.config.data_parallel
-        for buffer in self.buffers:
-            ops.assign(buffer, self.wire.all_reduce(buffer.value(), ranks) / D)
-
-    def _step_loss(self, losses):
-        """The last stages hold the loss; one world all-reduce gives it to every rank."""
-        mine = sum(float(l.asnumpy()) for l in losses) / self.config.micro_batches
-        total = self.wire.all_reduce(ms.Tensor([mine], ms.float32), tuple(range(self.topo.world_size)))
-        return float(total.asnumpy()[0]) / self.config.data_parallel
-
     def save(self, directory, step, meta=None):
         """Checkpoint after `step` steps: replica 0 writes each stage's parameters and
         optimizer state; rank 0 then merges and seals it (see pipe.checkpoint). `meta`
