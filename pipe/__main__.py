@@ -35,9 +35,7 @@ def main(argv=None):
         schedule = schedules.lower(schedules.make_schedule(args.schedule, args.stages,
                                                            args.micro_batches, chunks))
     except ValueError as e:          # one line naming the value and the fix, exit code 2
-        flags = {"stages": "--stages", "micro_batches": "--micro-batches",
-                 "virtual_stages": "--virtual-stages", "schedule": "--schedule"}
-        print(f"error: {as_flags(str(e), flags)}", file=sys.stderr)
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)
         raise SystemExit(2)
     f, b, w = measured_costs(args.measured, schedule) if args.measured else args.cost
     costs = schedules.action_costs(schedule, f, b, w)

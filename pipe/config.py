@@ -1,17 +1,19 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message."""
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 __all__ = ["PipelineConfig", "as_flags"]
 
 
-def as_flags(message, flags):
+def as_flags(message, renamed=None):
     """The library's errors name config fields (`batch_size=30`); a command-line program
-    shows its user the flags instead (`--batch-size 30`). `flags`: field -> flag."""
-    fields = "|".join(sorted(flags, key=len, reverse=True))
-    return re.sub(rf"\b({fields})='?([^'\s:;,]*)'?",
-                  lambda m: f"{flags[m.group(1)]} {m.group(2)}", message)
+    shows its user the flags instead (`--batch-size 30`): a field's flag is its name with
+    dashes, unless `renamed` ({field: flag}) says otherwise."""
+    names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
+    flag = lambda name: (renamed or {}).get(name, "--" + name.replace("_", "-"))
+    return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?",
+                  lambda m: f"{flag(m.group(1))} {m.group(2)}", message)
 
 
 @dataclass

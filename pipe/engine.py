@@ -104,8 +104,8 @@ class PipelineEngine:
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
-        self.step += 1
         batch = self._micro_batches(inputs, labels, training=True)
+        self.step += 1                   # counted once the batch is accepted
         if self.p2p is None:
             self._handshake(batch.inputs[0], batch.labels[0])
         for chunk in self.chunks:
@@ -216,7 +216,8 @@ class PipelineEngine:
         start, size = (self.replica * rows if training else 0), rows // M
         cut = [slice(start + m * size, start + (m + 1) * size) for m in range(M)]
         as_tensor = lambda a: a if isinstance(a, ms.Tensor) else ms.Tensor(np.asarray(a))
-        draws = [MaskDraw(self.config.seed, self.step, c, len(inputs)) for c in cut]
+        draws = [MaskDraw(self.config.seed, self.step + 1, c, len(inputs)) for c in cut] \
+            if training else []          # dropout masks of the step about to run
         return _Batch([as_tensor(inputs[c]) for c in cut], [as_tensor(labels[c]) for c in cut],
                       training, draws)
 

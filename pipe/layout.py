@@ -50,8 +50,7 @@ def build_layout(model, loss_fn, config, schedule, topo, stage, costs):
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
-    layout = Layout(all_bounds, chunks, bounds, names, {})
-    params = layout.params
-    layout.tied = tied_weights(model, all_bounds, params, [p.name for p in params], lambda vs: [
+    params = [p for chunk in chunks for p in chunk.params]
+    tied = tied_weights(model, all_bounds, params, [p.name for p in params], lambda vs: [
         topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
-    return layout
+    return Layout(all_bounds, chunks, bounds, names, tied)

@@ -5,7 +5,7 @@ split the backward), for one micro-batch on one of the rank's model chunks. `low
 the point-to-point messages; `pipe.simulator` replays the result to check and time it; the
 engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule",
            "lower", "message_key", "message_tag", "peak_in_flight"]
@@ -210,10 +210,10 @@ def _messages(schedule, rank, action):
     recvs, sends = [], []
 
     def comm(kind, other_vs):
-        receiving = other_vs if kind[0] == "s" else vs
-        return Action(kind, action.mb, action.chunk, schedule.rank_of(other_vs),
-                      tag=message_tag((kind[1], action.mb, receiving), schedule.virtual_stages),
-                      boundary=max(vs, other_vs))
+        message = Action(kind, action.mb, action.chunk, schedule.rank_of(other_vs))
+        key = message_key(schedule, rank, message)
+        return replace(message, tag=message_tag(key, schedule.virtual_stages),
+                       boundary=max(vs, other_vs))
 
     if action.kind == "F":
         if vs > 0:

@@ -69,12 +69,16 @@ def test_a_skip_connection_as_one_layer_is_kept_whole():
     assert stage.layers[1] is block
 
 
-def trained_with_dropout(seed=0, **config):
-    """The weights after 3 steps of an MLP with dropout (p=0.5) on one process."""
+def trained_with_dropout(seed=0, rejected_first=False, **config):
+    """The weights after 3 steps of an MLP with dropout (p=0.5) on one process (after a
+    batch of the wrong size was refused, with `rejected_first`)."""
     ms.set_seed(7)
     model = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(16, 3)])
     pipe = engine(model, seed=seed, **config)
     x = ms.Tensor(np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32))
+    if rejected_first:
+        with pytest.raises(ValueError, match="train_step got 2 inputs"):
+            pipe.train_step(x[:2], ms.Tensor(np.array([0, 1], np.int32)))
     for _ in range(3):
         pipe.train_step(x, ms.Tensor(np.array([0, 1, 2, 1], np.int32)))
     return [p.asnumpy() for p in pipe.params]
@@ -88,6 +92,8 @@ def test_dropout_masks_repeat_and_do_not_depend_on_micro_batches():
     for config in (dict(micro_batches=4), dict(micro_batches=2, recompute=True)):
         for got, want in zip(trained_with_dropout(**config), whole):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(config))
+    rejected = trained_with_dropout(rejected_first=True, micro_batches=1)   # not a step
+    assert all(np.array_equal(a, b) for a, b in zip(rejected, whole))
     other_seed = trained_with_dropout(seed=1, micro_batches=1)
     assert max(np.abs(a - b).max() for a, b in zip(other_seed, whole)) > 1e-3   # masks matter
 

@@ -175,11 +175,8 @@ def train(args, wire=None):
     return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine}
 
 
-# The config fields the library's errors name, as this program's flags.
-FLAGS = {"stages": "--stages", "data_parallel": "--dp", "micro_batches": "--micro-batches",
-         "batch_size": "--batch-size", "schedule": "--schedule", "virtual_stages": "--virtual-stages",
-         "partition": "--partition", "clip_grad_norm": "--clip-grad-norm", "seed": "--seed",
-         "timeout": "--timeout"}
+# The config field whose flag is not its name with dashes (pipe.config.as_flags).
+FLAGS = {"data_parallel": "--dp"}
 
 
 def _report(error):
