@@ -81,18 +81,18 @@ for model in small large; do
     [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
     if [ $model = small ]; then M=4; else M=$((4 * P)); fi
     if [ $P -eq 1 ]; then
-      wanted "$IMPL" pipe && launch $n $SIZE --dp $D --micro-batches 1
+      wanted "$IMPL" pipe && launch $n $SIZE --data-parallel $D --micro-batches 1
       continue
     fi
     for schedule in gpipe 1f1b interleaved-1f1b zb-h1; do
       wanted "$SCHEDULE" $schedule && wanted "$IMPL" pipe || continue
       extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
       echo "  pipe ${P}x${D} $schedule M=$M"
-      launch $n $SIZE --stages $P --dp $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra
+      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra
     done
     if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
       echo "  builtin ${P}x${D} M=$M"
-      launch $n $SIZE --impl builtin --stages $P --dp $D --micro-batches $M --steps "$STEPS"
+      launch $n $SIZE --impl builtin --stages $P --data-parallel $D --micro-batches $M --steps "$STEPS"
     fi
   done; done
 done

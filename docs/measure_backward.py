@@ -1,4 +1,4 @@
-"""Why a stage keeps every layer's input and differentiates layer by layer (pipe/stage.py).
+"""Why a stage keeps every layer's input and differentiates layer by layer (pipe/chunk.py).
 
     python docs/measure_backward.py [--width 2048] [--batch 1024] [--layers 2]
 
@@ -23,7 +23,7 @@ from mindspore import nn, ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
-from pipe.stage import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
+from pipe.chunk import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
 
 
 def best_ms(fn, repeat=5):

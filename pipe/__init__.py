@@ -2,9 +2,10 @@
 
 Import what you need from the module that owns it (one idea per module):
 
-    from pipe.engine import PipelineConfig, PipelineEngine    # train_step, predict, save
+    from pipe.config import PipelineConfig                     # everything a run decides
+    from pipe.engine import PipelineEngine                     # train_step, predict, save
     from pipe.schedule import SCHEDULES, lower                 # schedules as data
     from pipe.simulator import simulate, format_table          # check and time them
 
-(Nothing is imported here, so `python -m pipe.schedule` runs the module cleanly.)
+(Nothing is imported here, so `python -m pipe` runs cleanly.)
 """

@@ -20,7 +20,7 @@ def main(argv=None):
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES))
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--virtual-stages", type=int, help="chunks per rank (interleaved: 2)")
+    p.add_argument("--chunks", type=int, help="chunks per rank (interleaved: 2)")
     p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "B", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
@@ -28,10 +28,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
-                                schedule=args.schedule, virtual_stages=args.virtual_stages,
+                                schedule=args.schedule, chunks=args.chunks,
                                 batch_size=args.micro_batches)
         config.check()
-        chunks = config.virtual_stages
+        chunks = config.chunks
         schedule = schedules.lower(schedules.make_schedule(args.schedule, args.stages,
                                                            args.micro_batches, chunks))
     except ValueError as e:          # one line naming the value and the fix, exit code 2

@@ -24,7 +24,8 @@ import sys
 
 import mindspore as ms
 
-__all__ = ["step_dir", "save_params", "finish", "latest", "merge", "CheckpointError"]
+__all__ = ["step_dir", "save_params", "save_rank", "load_rank", "finish", "latest", "merge",
+           "CheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -62,6 +63,31 @@ def save_params(path, named):
     """Write [(name, Parameter or Tensor)] as a MindSpore checkpoint, atomically."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _atomic(path, lambda tmp: ms.save_checkpoint([{"name": n, "data": p} for n, p in named], tmp))
+
+
+def save_rank(where, layout, optimizer):
+    """This rank's files: each chunk's parameters and buffers, and its optimizer state
+    (written by replica 0 only: the replicas hold the same)."""
+    if layout.replica:
+        return
+    for vs, chunk, names in zip(layout.virtual_stages, layout.chunks, layout.names):
+        save_params(stage_file(where, vs), zip(names, chunk.state))
+    save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
+
+
+def load_rank(where, meta, layout, optimizer):
+    """Load this rank's share of the checkpoint in `where`, refused unless it was saved
+    with the same layout."""
+    saved = {k: meta.get(k) for k in layout.describe()}
+    if saved != layout.describe():
+        raise CheckpointError(
+            f"checkpoint {where!r} was saved with {saved}, this run is {layout.describe()}: "
+            "resume with the same stages, data_parallel, schedule, chunks and partition")
+    for vs, chunk, names in zip(layout.virtual_stages, layout.chunks, layout.names):
+        values = ms.load_checkpoint(stage_file(where, vs))
+        for p, name in zip(chunk.state, names):
+            p.set_data(values[name])
+    ms.load_param_into_net(optimizer, ms.load_checkpoint(optimizer_file(where, layout.stage)))
 
 
 def _sha256(path):

@@ -164,6 +164,11 @@ class PointToPoint:
     def __init__(self, wire, pipeline_ranks, shapes):
         self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
 
+    def with_rows(self, rows):
+        """The same messages for micro-batches of `rows` rows (predict's batch size)."""
+        return PointToPoint(self.wire, self.ranks, {b: ((rows,) + shape[1:], dtype)
+                                                    for b, (shape, dtype) in self.shapes.items()})
+
     def send(self, tensor, action):
         self.wire.send(tensor, self.ranks[action.peer], action.tag)
 

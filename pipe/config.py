@@ -6,14 +6,13 @@ from typing import Optional, Union
 __all__ = ["PipelineConfig", "as_flags"]
 
 
-def as_flags(message, renamed=None):
+def as_flags(message):
     """The library's errors name config fields (`batch_size=30`); a command-line program
-    shows its user the flags instead (`--batch-size 30`): a field's flag is its name with
-    dashes, unless `renamed` ({field: flag}) says otherwise."""
+    shows its user the flags instead (`--batch-size 30`): every program names a field's
+    flag after it, with dashes."""
     names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
-    flag = lambda name: (renamed or {}).get(name, "--" + name.replace("_", "-"))
     return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?",
-                  lambda m: f"{flag(m.group(1))} {m.group(2)}", message)
+                  lambda m: f"--{m.group(1).replace('_', '-')} {m.group(2)}", message)
 
 
 @dataclass
@@ -23,7 +22,7 @@ class PipelineConfig:
     micro_batches: int = 1               # M: micro-batches per replica per step
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
-    virtual_stages: Optional[int] = None  # v: model chunks per rank; None: 2 for interleaved-1f1b, else 1
+    chunks: Optional[int] = None         # v: model chunks per rank; None: 2 for interleaved-1f1b, else 1
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
@@ -32,12 +31,12 @@ class PipelineConfig:
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
 
     def __post_init__(self):
-        if self.virtual_stages is None:
-            self.virtual_stages = 2 if self.schedule == "interleaved-1f1b" else 1
+        if self.chunks is None:
+            self.chunks = 2 if self.schedule == "interleaved-1f1b" else 1
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "virtual_stages"):
+        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")

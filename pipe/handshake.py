@@ -9,9 +9,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-from pipe.comm import WIRE_DTYPES
+from pipe.comm import WIRE_DTYPES, PointToPoint
 
-__all__ = ["handshake", "check_input"]
+__all__ = ["connect_stages", "handshake", "check_input"]
 
 HEADER = 8                             # int32s: rank of the shape, dtype index, dims...
 DTYPES = list(WIRE_DTYPES)             # a dtype travels in the header as its index here
@@ -114,3 +114,12 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
         raise RuntimeError("check before the first step failed: " + "; ".join(
             _failure_text(vs, kind, expected, spec, bounds) for vs, kind, expected, spec in failed))
     return specs, read_header(rows[world, 3:] - 1)
+
+
+def connect_stages(wire, layout, x, labels):
+    """This rank's pipeline messages (a PointToPoint with every boundary's shape), agreed
+    with its neighbours on the first micro-batch `x`, and the model's output spec."""
+    ranks = layout.topo.pipeline_ranks(layout.replica)
+    shapes, output_spec = handshake(wire, layout.schedule, ranks, layout.stage, layout.chunks,
+                                    layout.all_bounds, x, labels, layout.topo.world_size)
+    return PointToPoint(wire, ranks, shapes), output_spec

@@ -1,4 +1,4 @@
-"""What one rank holds: its model chunks, their whole-model names, the weights it shares.
+"""What one rank runs: its stage and replica, its schedule, its model chunks.
 
 Every rank builds the same full model (same seed) and keeps the layers of its virtual
 stages (with v chunks per rank, rank r holds virtual stages r, P + r, ...: pipe.schedule).
@@ -8,19 +8,35 @@ output head) is found by identity and listed with the ranks that hold a copy.
 """
 from dataclasses import dataclass
 
-from pipe.partition import partition, stage_bounds, tied_weights
-from pipe.stage import Stage
+from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
+from pipe.schedule import forward_only, lower
+from pipe.simulator import checked_schedule
+from pipe.chunk import Chunk
+from pipe.topology import Topology
 
-__all__ = ["Layout", "build_layout"]
+__all__ = ["Layout", "build_layout", "plan"]
 
 
 @dataclass
 class Layout:
+    config: object       # the PipelineConfig it was built from
+    topo: Topology
+    rank: int
+    schedule: object     # this step's Schedule (lowered: with its messages)
+    forward_only: object  # the Schedule predict runs
     all_bounds: list     # [first, last) layers of every virtual stage
-    chunks: list         # this rank's Stage per model chunk
+    chunks: list         # this rank's Chunk per model chunk
     bounds: list         # their [first, last) layers
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
+
+    @property
+    def stage(self):
+        return self.topo.stage_of(self.rank)
+
+    @property
+    def replica(self):
+        return self.topo.replica_of(self.rank)
 
     @property
     def params(self):
@@ -30,19 +46,52 @@ class Layout:
     def buffers(self):
         return [b for chunk in self.chunks for b in chunk.buffers]
 
+    @property
+    def virtual_stages(self):
+        """The virtual stage of each of this rank's chunks."""
+        return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
-def build_layout(model, loss_fn, config, schedule, topo, stage, costs):
-    """The chunks of pipeline stage `stage` under `schedule`, split by `costs` (a partition
-    method or measured layer costs). Each chunk scales its loss gradient by 1/(M x D): the
-    gradients summed over M micro-batches and D replicas are then the mini-batch mean."""
-    V = schedule.virtual_stages
+    @property
+    def counted(self):
+        """Per parameter: whether this rank adds it to the global gradient norm (a tied
+        weight on only one rank of its replica)."""
+        return [k not in self.tied or self.rank == min(
+            r for r in self.tied[k] if self.topo.replica_of(r) == self.replica)
+            for k in range(len(self.params))]
+
+    def describe(self):
+        """What a checkpoint must match to be resumed here."""
+        c = self.config
+        return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
+                "chunks": c.chunks, "bounds": [list(b) for b in self.all_bounds]}
+
+
+def plan(model, loss_fn, config, wire, sample=None):
+    """The layout of this process (`wire.rank`), once the model and the launch are checked.
+    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers."""
+    check_model(model)
+    topo = Topology(config.stages, config.data_parallel)
+    topo.check_world_size(wire.size)
+    costs = config.partition if config.partition != "time" else \
+        timed_costs(model, sample, wire, topo.world_size)
+    return build_layout(model, loss_fn, config, wire.rank, costs)
+
+
+def build_layout(model, loss_fn, config, rank, costs):
+    """The chunks of `rank`, split by `costs` (a partition method or measured layer costs).
+    Each chunk scales its loss gradient by 1/(M x D): the gradients summed over M
+    micro-batches and D replicas are then the mini-batch mean."""
+    topo = Topology(config.stages, config.data_parallel)
+    P, M, v = config.stages, config.micro_batches, config.chunks
+    schedule = checked_schedule(config.schedule, P, M, v)
+    V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, V, costs)
-    scale = 1.0 / (config.micro_batches * config.data_parallel)
+    scale = 1.0 / (M * config.data_parallel)
     chunks, bounds, names = [], [], []
-    for c in range(config.virtual_stages):
+    for c in range(v):
         vs = schedule.virtual_stage(stage, c)
         layers, chunk_names = partition(model, V, vs, costs)
-        chunks.append(Stage(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
+        chunks.append(Chunk(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
                             grad_scale=scale, recompute=config.recompute,
                             first_layer=all_bounds[vs][0]))
         bounds.append(all_bounds[vs])
@@ -53,4 +102,5 @@ def build_layout(model, loss_fn, config, schedule, topo, stage, costs):
     params = [p for chunk in chunks for p in chunk.params]
     tied = tied_weights(model, all_bounds, params, [p.name for p in params], lambda vs: [
         topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
-    return Layout(all_bounds, chunks, bounds, names, tied)
+    return Layout(config, topo, rank, schedule, lower(forward_only(P, M, v)), all_bounds,
+                  chunks, bounds, names, tied)

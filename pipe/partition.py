@@ -7,7 +7,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.stage import is_plain_sequence, keeps_mask, leaves
+from pipe.chunk import is_plain_sequence, keeps_mask, leaves
 
 __all__ = ["check_model", "partition", "balance", "stage_bounds", "profile_layers", "timed_costs",
            "tied_weights"]
@@ -134,8 +134,8 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
 
 def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform"):
     """The layers of `stage`, and the names that its parameters, then its buffers (batch
-    norm's moving statistics), have in the whole `model`: the order of `Stage.params +
-    Stage.buffers`.
+    norm's moving statistics), have in the whole `model`: the order of `Chunk.params +
+    Chunk.buffers`.
 
     Names are taken from the unpartitioned model so that per-stage checkpoints merge
     back into one that loads into it.
@@ -173,7 +173,7 @@ def tied_weights(model, bounds, params, names, ranks_of_stage):
                 users.setdefault(id(p), set()).add(vs)
     if len({id(p) for p in params}) < len(params):
         raise ValueError("a weight is shared by two model chunks of the same rank: use "
-                         "another virtual_stages or partition")
+                         "other chunks or another partition")
     tied = {}
     for k in sorted(range(len(params)), key=lambda k: names[k]):
         p = params[k]

@@ -194,7 +194,7 @@ def make_schedule(name, stages, micro_batches, chunks=1):
     if name == "interleaved-1f1b":
         return interleaved_1f1b(stages, micro_batches, chunks)
     if chunks > 1:
-        raise ValueError(f"virtual_stages={chunks} needs schedule='interleaved-1f1b', not {name!r}")
+        raise ValueError(f"chunks={chunks} needs schedule='interleaved-1f1b', not {name!r}")
     return SCHEDULES[name](stages, micro_batches)
 
 

@@ -2,7 +2,8 @@
 
     engine.tracer = Tracer(rank, "rank 0: stage 0", device)   # before the steps to record
     ...
-    engine.write_trace("trace.json")         # all ranks: merged by rank 0
+    engine.tracer.write(f"trace.json.rank{rank}")   # every rank, then (after a barrier)
+    merge_traces([f"trace.json.rank{r}" for r in range(world)], "trace.json")   # rank 0
 
 Each span waits for the device to finish before it is stamped, so the times are real (and a
 traced step runs slightly slower than an untraced one). MindSpore has no such wait on CPU:

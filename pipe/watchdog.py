@@ -1,17 +1,77 @@
-"""A deadline for wires that cannot time out by themselves (NCCL/HCCL sends and receives).
+"""Where this rank is in its step, said when something fails or stalls there.
 
-The engine announces each step with `begin(kind)`, arms it with `progress(where)` as it
-starts each action and `pause(kind)`s it between steps, so only the engine's own work is
-timed: not the user's code, nor the first step of each kind (a schedule), which compiles. If no progress comes for `timeout` seconds while armed, it prints
-where this rank is stuck and ends the process: a dead peer becomes a prompt, explained
-failure instead of a hang inside a receive.
+Every piece of a step that may wait on peers runs inside `Watch.at(position)`: an error
+in it becomes a `PipelineError` naming the rank, its stage and replica, and the action in
+its schedule (`abort()` then ends the job, since peers may be waiting on this rank).
+
+Wires that cannot time out by themselves (NCCL/HCCL sends and receives) also get a
+`Watchdog`: the watch announces each step with `begin(kind)`, arms it with
+`progress(where)` as each action starts and `pause(kind)`s it between steps, so only
+pipe's own work is timed: not the user's code, nor the first step of each kind (a
+schedule), which compiles. If no progress comes for `timeout` seconds while armed, it
+prints where this rank is stuck and ends the process: a dead peer becomes a prompt,
+explained failure instead of a hang inside a receive.
 """
 import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
-__all__ = ["Watchdog"]
+from pipe.simulator import format_position
+
+__all__ = ["PipelineError", "Watch", "Watchdog"]
+
+
+class PipelineError(RuntimeError):
+    """An action failed on this rank (or a peer stopped answering); says where.
+    `abort()` ends every process of the job: peers may be stuck waiting for this one."""
+
+    def __init__(self, message, wire):
+        super().__init__(message)
+        self.wire = wire
+
+    def abort(self, code=1):
+        self.wire.abort(code)
+
+
+class Watch:
+    """This rank's position in its step. A position is text ("a barrier") or
+    (schedule, index of the action in this rank's list)."""
+
+    def __init__(self, wire, stage, replica, timeout):
+        self.wire, self.stage = wire, stage
+        self.head = f"rank {wire.rank} (stage {stage}, replica {replica})"
+        self.watchdog = None if wire.has_deadlines else Watchdog(timeout, self.describe)
+
+    def begin(self, schedule):
+        if self.watchdog:
+            self.watchdog.begin(schedule.name)
+
+    def at(self, position):
+        """A piece that may wait on peers: timed (if a watchdog runs), failures reported."""
+        if self.watchdog:
+            self.watchdog.progress(position)
+        return self.reported(position)
+
+    @contextmanager
+    def reported(self, position, catch=Exception):
+        try:
+            yield
+        except catch as e:
+            raise PipelineError(f"{e}\n{self.describe(position)}", self.wire) from e
+
+    def end(self, schedule):
+        """Between steps the user's code runs: nothing to time."""
+        if self.watchdog:
+            self.watchdog.pause(schedule.name)
+
+    def describe(self, position):
+        if not isinstance(position, tuple):
+            return f"{self.head} was in {position}"
+        schedule, i = position
+        return (f"{self.head} was at action {i} ({schedule.actions[self.stage][i]}) of its "
+                f"{schedule.name} schedule:\n{format_position(schedule, self.stage, i)}")
 
 
 class Watchdog:

@@ -8,7 +8,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.engine import PipelineConfig, PipelineEngine, PipelineError
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine, PipelineError
 
 ms.set_device("CPU")
 model = nn.SequentialCell([nn.Dense(8, 16), nn.Dense(12, 4)])

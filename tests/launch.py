@@ -103,9 +103,10 @@ def run_check(script, ranks, *args, timeout=300):
 
 
 def run_many(configs, timeout=900):
-    """Several (ranks, flags) trainings in one mpiexec launch (see mpi_worker.py)."""
+    """Several (ranks, flags or mlp_run spec) trainings in one mpiexec launch (mpi_worker.py)."""
     ranks = max(n for n, _ in configs)
-    payload = json.dumps([[n, [str(f) for f in flags]] for n, flags in configs])
+    payload = json.dumps([[n, [str(f) for f in flags] if isinstance(flags, list) else flags]
+                          for n, flags in configs], default=str)
     return Job(ranks, [sys.executable, WORKER, payload]).wait(timeout)
 
 

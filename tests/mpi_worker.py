@@ -2,6 +2,9 @@
 
     mpiexec -n 4 python tests/mpi_worker.py '[[2, ["--stages", "2", "--save", "/tmp/a"]], ...]'
 
+A configuration is the example's flags (a list: examples/mnist/train.py) or a dict for
+tests/mlp_run.py, which drives the engine directly.
+
 Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
 each on its own ranks (an MPI sub-communicator): a pipeline waiting on its own stages
@@ -19,6 +22,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "mnist"))
+import mlp_run  # noqa: E402
 import train  # noqa: E402
 from pipe.comm import MpiWire  # noqa: E402
 
@@ -39,12 +43,16 @@ def waves(configs, world):
 
 
 def run(flags, communicator):
-    args = train.parse_args(flags)
-    result = train.train(args, MpiWire(120.0, communicator))
-    engine = result.pop("engine")
-    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in engine.buffers}
-    if args.save:
-        with open(os.path.join(args.save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:
+    if isinstance(flags, dict):
+        engine, losses = mlp_run.pipe_run(flags, communicator)
+        result, save = {"losses": losses}, flags["save"]
+    else:
+        args = train.parse_args(flags)
+        result, save = train.train(args, MpiWire(120.0, communicator)), args.save
+        engine = result.pop("engine")
+    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in engine.layout.buffers}
+    if save:
+        with open(os.path.join(save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:
             json.dump(result, f)
 
 

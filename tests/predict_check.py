@@ -9,15 +9,16 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.engine import PipelineConfig, PipelineEngine
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
 
-stages, dp = int(sys.argv[1]), int(sys.argv[2])
+stages, data_parallel = int(sys.argv[1]), int(sys.argv[2])
 ms.set_device("CPU")
 ms.set_seed(11)
 model = nn.SequentialCell([nn.SequentialCell([nn.Dense(w, 8), nn.ReLU()]) for w in (6, 8, 8)] + [nn.Dense(8, 5)])
 x = np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32)
 expected = model(ms.Tensor(x)).asnumpy()        # the whole model, in this one process
-config = PipelineConfig(stages=stages, data_parallel=dp, micro_batches=3, batch_size=12)
+config = PipelineConfig(stages=stages, data_parallel=data_parallel, micro_batches=3, batch_size=12)
 engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                         lambda params: nn.SGD(params, learning_rate=0.1), config)
 shared = engine.predict(x)

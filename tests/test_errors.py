@@ -10,12 +10,12 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
 
 
 @pytest.mark.parametrize("ranks,flags,message", [
-    (3, ["--stages", 2, "--dp", 2],
-     "error: the launcher started 3 processes but --stages 2 x --dp 2 = 4: launch "
+    (3, ["--stages", 2, "--data-parallel", 2],
+     "error: the launcher started 3 processes but --stages 2 x --data-parallel 2 = 4: launch "
      "with -n 4 (mpiexec) or --worker_num=4 (msrun), or change stages and data_parallel so "
      "that their product is 3"),
-    (4, ["--stages", 2, "--dp", 2, "--batch-size", 12, "--micro-batches", 4],
-     "error: --batch-size 12 cannot be split over --dp 2 replicas x --micro-batches 4: "
+    (4, ["--stages", 2, "--data-parallel", 2, "--batch-size", 12, "--micro-batches", 4],
+     "error: --batch-size 12 cannot be split over --data-parallel 2 replicas x --micro-batches 4: "
      "it must be a multiple of 8; try --batch-size 8"),
     (4, ["--stages", 4, "--layers", 2],
      "error: cannot split 3 layers into --stages 4: every stage needs at least one layer; use "
@@ -45,7 +45,7 @@ def test_damaged_mnist_file_is_named(tmp_path):
     (["./run_mnist_benchmark.sh", "--layout", "3"],
      "error: --layout 3: use PxD (stages x replicas, e.g. 2x1) or all\n"),
     ([sys.executable, "examples/mnist/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
-     "error: --batch-size 30 cannot be split over --dp 1 replicas x --micro-batches 4: it must "
+     "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):

@@ -1,21 +1,29 @@
-"""pipe.layout: what one rank holds, named as in the whole model (in process, no MPI)."""
+"""pipe.layout: what one rank runs, named as in the whole model (in process, no MPI)."""
 from mindspore import nn
 
 from pipe.config import PipelineConfig
 from pipe.layout import build_layout
-from pipe.schedule import make_schedule
-from pipe.topology import Topology
 
 
 def test_a_rank_holds_its_chunks_under_whole_model_names():
     model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 4), nn.ReLU(),
                                nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 4), nn.Dense(4, 2)])
     config = PipelineConfig(stages=2, micro_batches=4, batch_size=4, schedule="interleaved-1f1b")
-    schedule = make_schedule(config.schedule, 2, 4, config.virtual_stages)
-    layout = build_layout(model, nn.MSELoss(), config, schedule, Topology(2, 1), 1, "uniform")
+    layout = build_layout(model, nn.MSELoss(), config, 1, "uniform")
+    assert (layout.stage, layout.replica, layout.schedule.name) == (1, 0, "interleaved-1f1b")
     assert layout.all_bounds == [(0, 2), (2, 4), (4, 6), (6, 8)]
-    assert layout.bounds == [(2, 4), (6, 8)]                   # virtual stages 1 and 3
+    assert layout.bounds == [(2, 4), (6, 8)] and layout.virtual_stages == [1, 3]
     assert layout.names == [["2.weight", "2.bias"], ["6.weight", "6.bias", "7.weight", "7.bias"]]
     assert [p.name for p in layout.params] == ["2.weight", "2.bias", "6.weight", "6.bias",
                                                "7.weight", "7.bias"]
     assert layout.chunks[1].is_last and not layout.chunks[0].is_last and layout.tied == {}
+    assert layout.describe() == {"stages": 2, "data_parallel": 1, "schedule": "interleaved-1f1b",
+                                 "chunks": 2, "bounds": [[0, 2], [2, 4], [4, 6], [6, 8]]}
+
+
+def test_the_second_replica_runs_the_same_stage_on_other_rows():
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
+    config = PipelineConfig(stages=3, data_parallel=2, micro_batches=2, batch_size=4)
+    layout = build_layout(model, nn.MSELoss(), config, 4, "uniform")
+    assert (layout.stage, layout.replica, layout.virtual_stages) == (1, 1, [1])
+    assert layout.topo.data_parallel_ranks(layout.stage) == (1, 4)

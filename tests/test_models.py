@@ -1,6 +1,6 @@
 """A user's own model: what pipe refuses (with the fix), and the CNN of examples/mnist/cnn.py
 (batch norm, a skip connection, dropout) trained like one process. (Dropout's masks agree
-between forward and backward: tests/test_stage.py.)
+between forward and backward: tests/test_chunk.py.)
 
 The refusals and clipping run in this process; the CNN layouts run in one mpiexec launch.
 """
@@ -12,10 +12,11 @@ import pytest
 from mindspore import nn, ops
 
 from launch import load, results, run_many
+from pipe.chunk import Chunk
 from pipe.comm import MpiWire
-from pipe.engine import PipelineConfig, PipelineEngine
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
 from pipe.handshake import check_input
-from pipe.stage import Stage
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -65,7 +66,7 @@ def test_models_pipe_cannot_split_are_refused(model, message):
 
 def test_a_skip_connection_as_one_layer_is_kept_whole():
     block = Residual([nn.Dense(4, 4)])
-    stage = Stage([nn.Dense(4, 4), block], is_first=False)
+    stage = Chunk([nn.Dense(4, 4), block], is_first=False)
     assert stage.layers[1] is block
 
 
@@ -81,7 +82,7 @@ def trained_with_dropout(seed=0, rejected_first=False, **config):
             pipe.train_step(x[:2], ms.Tensor(np.array([0, 1], np.int32)))
     for _ in range(3):
         pipe.train_step(x, ms.Tensor(np.array([0, 1, 2, 1], np.int32)))
-    return [p.asnumpy() for p in pipe.params]
+    return [p.asnumpy() for p in pipe.layout.params]
 
 
 def test_dropout_masks_repeat_and_do_not_depend_on_micro_batches():
@@ -117,8 +118,8 @@ def test_a_resumed_run_continues_statistics_and_masks(tmp_path):
     resumed = engine(build(), micro_batches=2)
     resumed.resume(str(tmp_path))
     steps(resumed, 2)
-    assert [b.name for b in resumed.buffers] == ["1.moving_mean", "1.moving_variance"]
-    for got, want in zip(resumed.params + resumed.buffers, whole.params + whole.buffers):
+    assert [b.name for b in resumed.layout.buffers] == ["1.moving_mean", "1.moving_variance"]
+    for got, want in zip(resumed.layout.params + resumed.layout.buffers, whole.layout.params + whole.layout.buffers):
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=got.name)
 
 
@@ -132,7 +133,7 @@ def test_dtype_mismatch_is_named_as_one():
 
 
 def test_bfloat16_is_refused_by_the_cpu_wire_up_front():
-    stage = Stage([nn.Dense(4, 4)], is_first=False)
+    stage = Chunk([nn.Dense(4, 4)], is_first=False)
     carried = MpiWire(5.0).dtypes
     assert check_input(stage, ((2, 4), ms.bfloat16), carried) == ("wire", 2)
     assert check_input(stage, ((2, 4), ms.float32), carried) is None
@@ -152,7 +153,7 @@ def test_clipping_equals_clip_by_global_norm():
     grads = ms.value_and_grad(lambda x, y: LOSS(model(x), y), None, model.trainable_params())(x, y)[1]
     assert float(ops.sqrt(sum((g * g).sum() for g in grads)).asnumpy()) > 0.05   # it clips
     nn.SGD(model.trainable_params(), learning_rate=0.1)(ops.clip_by_global_norm(grads, 0.05))
-    for got, want in zip(pipe.params, model.trainable_params()):
+    for got, want in zip(pipe.layout.params, model.trainable_params()):
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-7)
 
 
@@ -171,8 +172,8 @@ def cnn(tmp_path_factory):
         run("clip-single", 1, "--micro-batches", 4, "--clip-grad-norm", 0.05),
         run("1f1b-2x1", 2, "--micro-batches", 2, "--stages", 2),
         run("zb-h1-3x1", 3, "--micro-batches", 2, "--stages", 3, "--schedule", "zb-h1"),
-        run("gpipe-2x2", 4, "--micro-batches", 2, "--stages", 2, "--dp", 2, "--schedule", "gpipe"),
-        run("clip-2x2", 4, "--micro-batches", 2, "--stages", 2, "--dp", 2, "--clip-grad-norm", 0.05),
+        run("gpipe-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--schedule", "gpipe"),
+        run("clip-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--clip-grad-norm", 0.05),
     ]
     done = run_many(configs)
     assert done.returncode == 0, done.stderr[-3000:]

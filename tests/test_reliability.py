@@ -112,9 +112,9 @@ def test_damaged_checkpoint_is_refused(saved, tmp_path, damage):
 def test_resume_with_another_layout_is_refused(saved):
     done = run_example(1, *SMALL, "--steps", 4, "--resume", saved[0])
     assert done.returncode == 2
-    assert "was saved with {'stages': 2, 'data_parallel': 1, 'schedule': '1f1b', 'virtual_stages': " \
+    assert "was saved with {'stages': 2, 'data_parallel': 1, 'schedule': '1f1b', 'chunks': " \
            "1, 'bounds': [[0, 2], [2, 4]]}, this run is {'stages': 1," in done.stderr
-    assert "resume with the same stages, data_parallel, schedule, virtual_stages and partition" in done.stderr
+    assert "resume with the same stages, data_parallel, schedule, chunks and partition" in done.stderr
 
 
 def test_resume_from_nothing_is_refused(tmp_path):

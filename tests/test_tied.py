@@ -5,9 +5,9 @@ import pytest
 from launch import run_check
 
 
-@pytest.mark.parametrize("stages,dp", [(3, 1), (2, 2)])
-def test_tied_weights_train_like_one_process(stages, dp):
-    done = run_check("tied_check.py", stages * dp, stages, dp)
+@pytest.mark.parametrize("stages,data_parallel", [(3, 1), (2, 2)])
+def test_tied_weights_train_like_one_process(stages, data_parallel):
+    done = run_check("tied_check.py", stages * data_parallel, stages, data_parallel)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.outs == [f"rank {r}: 5 steps, losses equal, tied copies bitwise equal\n"
-                         for r in range(stages * dp)]
+                         for r in range(stages * data_parallel)]

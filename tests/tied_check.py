@@ -13,9 +13,10 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tied"))
 from model import batch, build_tied_model  # noqa: E402
 from pipe.comm import SoloWire  # noqa: E402
-from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
 
-stages, dp = int(sys.argv[1]), int(sys.argv[2])
+stages, data_parallel = int(sys.argv[1]), int(sys.argv[2])
 ms.set_device("CPU")
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
@@ -28,10 +29,10 @@ def engine(config, wire=None):
 
 def table(e):
     """The embedding table: the only (32, 16) weight."""
-    return next(p for p in e.params if p.shape == (32, 16)).asnumpy()
+    return next(p for p in e.layout.params if p.shape == (32, 16)).asnumpy()
 
 
-pipe = engine(PipelineConfig(stages=stages, data_parallel=dp, micro_batches=2, batch_size=8))
+pipe = engine(PipelineConfig(stages=stages, data_parallel=data_parallel, micro_batches=2, batch_size=8))
 alone = engine(PipelineConfig(micro_batches=2, batch_size=8), SoloWire())
 world = MPI.COMM_WORLD
 holders = [r for r in range(world.size) if r % stages in (0, stages - 1)]

@@ -27,18 +27,18 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
-from train import FLAGS, build_model, positive_int  # noqa: E402
-from pipe.config import as_flags  # noqa: E402
-from pipe.engine import PipelineConfig, PipelineEngine  # noqa: E402
+from train import build_model, positive_int  # noqa: E402
+from pipe.config import PipelineConfig, as_flags  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
-from pipe.trace import Tracer, host_costs  # noqa: E402
+from pipe.trace import Tracer, host_costs, merge_traces  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--impl", choices=["pipe", "builtin"], default="pipe")
     p.add_argument("--stages", type=positive_int, default=1)
-    p.add_argument("--dp", type=positive_int, default=1)
+    p.add_argument("--data-parallel", type=positive_int, default=1)
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--micro-batches", type=positive_int, default=1)
     p.add_argument("--layers", type=positive_int, default=8)
@@ -85,7 +85,7 @@ def main(argv=None):
     args = parse_args(argv)
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_device(device)
-    P, D = args.stages, args.dp
+    P, D = args.stages, args.data_parallel
     rank = 0
     if args.impl == "builtin":           # the parallel context must precede the network
         set_parallel_context(P, D)
@@ -115,8 +115,8 @@ def main(argv=None):
                                 partition=args.partition, recompute=args.recompute, device=device)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                                 sample=x[:args.batch_size // (D * args.micro_batches)])
-        rank, stage = engine.wire.rank, engine.me
-        for first, last in engine.bounds:          # this rank's model chunks
+        rank, stage = engine.wire.rank, engine.layout.stage
+        for first, last in engine.layout.bounds:          # this rank's model chunks
             own_random_weights(model, first, last, seed=0)
         xs, ys = ms.Tensor(x), ms.Tensor(y)
         seconds = timed(lambda: engine.train_step(xs, ys), args.steps, args.warmup)
@@ -125,11 +125,14 @@ def main(argv=None):
             engine.train_step(xs, ys)
         host = host_costs(engine.tracer.events)
         if args.trace:
-            engine.tracer = Tracer(rank, f"rank {rank}: stage {stage}, replica {engine.replica}", device)
+            engine.tracer = Tracer(rank, f"rank {rank}: stage {stage}, replica {engine.layout.replica}", device)
             engine.train_step(xs, ys)
-            engine.write_trace(args.trace)
+            engine.tracer.write(f"{args.trace}.rank{rank}")
+            engine.barrier()             # every rank's part written: rank 0 merges them
+            if rank == 0:
+                merge_traces([f"{args.trace}.rank{r}" for r in range(P * D)], args.trace)
 
-    row = {"label": args.label, "impl": args.impl, "device": device, "stages": P, "dp": D,
+    row = {"label": args.label, "impl": args.impl, "device": device, "stages": P, "data_parallel": D,
            "schedule": args.schedule if args.impl == "pipe" else "builtin",
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,
@@ -137,7 +140,7 @@ def main(argv=None):
            "peak_memory_bytes": peak_memory(device), "partition": args.partition,
            "recompute": args.recompute}
     if args.impl == "pipe":
-        row["bounds"] = engine.all_bounds
+        row["bounds"] = engine.layout.all_bounds
         row["peak_activation_bytes"] = sum(chunk.peak_bytes for chunk in engine.chunks)
         row["host_us"] = host       # median host time per action kind, not waiting for the device
     with open(args.results, "a") as f:   # one short line per rank: appends do not interleave
@@ -148,5 +151,5 @@ if __name__ == "__main__":
     try:
         main()
     except (ValueError, TypeError) as e:   # a bad value: one line naming it and the fix
-        print(f"error: {as_flags(str(e), FLAGS)}", file=sys.stderr)
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)
         sys.exit(2)

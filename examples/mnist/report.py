@@ -29,7 +29,7 @@ def summarize(lines):
     for line in lines:
         row = json.loads(line)
         key = (row["layers"], row["hidden"], row["batch_size"], row["impl"], row["stages"],
-               row["dp"], row["schedule"], row["micro_batches"])
+               row["data_parallel"], row["schedule"], row["micro_batches"])
         runs[key].append(row)
     rows = []
     for (layers, hidden, batch, impl, P, D, schedule, M), ranks in runs.items():

@@ -1,7 +1,7 @@
 """Train an MLP on MNIST with pipeline parallelism.
 
     python examples/mnist/train.py                                  # one process, CPU
-    mpiexec -n 4 python examples/mnist/train.py --stages 2 --dp 2   # CPU, 2 stages x 2 replicas
+    mpiexec -n 4 python examples/mnist/train.py --stages 2 --data-parallel 2   # CPU, 2 stages x 2 replicas
     msrun --worker_num=2 --local_worker_num=2 --join=True \\
         examples/mnist/train.py --stages 2 --device GPU             # 2 GPUs
 
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import build_cnn  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
-from pipe.config import as_flags  # noqa: E402
-from pipe.engine import PipelineConfig, PipelineEngine, PipelineError  # noqa: E402
+from pipe.config import PipelineConfig, as_flags  # noqa: E402
+from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
 
 def positive_int(text):
@@ -53,11 +53,11 @@ def _probability(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
-    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas D")
+    p.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
     p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
     p.add_argument("--batch-size", type=positive_int, default=64, help="global mini-batch B")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved-1f1b or zb-h1")
-    p.add_argument("--virtual-stages", type=positive_int, default=None,
+    p.add_argument("--chunks", type=positive_int, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -118,20 +118,20 @@ def train(args, wire=None):
         make_optimizer = lambda params: nn.SGD(params, learning_rate=args.lr)
     else:
         make_optimizer = lambda params: nn.Adam(params, learning_rate=args.lr)
-    config = PipelineConfig(stages=args.stages, data_parallel=args.dp,
+    config = PipelineConfig(stages=args.stages, data_parallel=args.data_parallel,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, device=device, timeout=args.timeout,
                             recompute=args.recompute, partition=args.partition,
                             clip_grad_norm=args.clip_grad_norm, seed=args.seed,
-                            virtual_stages=args.virtual_stages)
-    sample = np.zeros((args.batch_size // (args.dp * args.micro_batches), 784), np.float32)
+                            chunks=args.chunks)
+    sample = np.zeros((args.batch_size // (args.data_parallel * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
     say = (lambda text: print(text, flush=True)) if rank0 else (lambda text: None)
     train_x, train_y, test_x, test_y, source = data.load(args.data, args.data_dir, args.seed, say)
     name = f"{args.layers} x {args.hidden} MLP" if args.model == "mlp" else "CNN"
     say(f"config: {config}\nmodel: {name}, layers per stage "
-        f"{engine.all_bounds}; data: {source}, {len(train_x)} training / {len(test_x)} held-out samples")
+        f"{engine.layout.all_bounds}; data: {source}, {len(train_x)} training / {len(test_x)} held-out samples")
 
     # ---- resume: same layout, same seed; the data stream skips what was consumed ------
     stream = data.batches(train_x, train_y, args.batch_size, args.seed)
@@ -175,12 +175,8 @@ def train(args, wire=None):
     return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine}
 
 
-# The config field whose flag is not its name with dashes (pipe.config.as_flags).
-FLAGS = {"data_parallel": "--dp"}
-
-
 def _report(error):
-    print(f"error: {as_flags(str(error), FLAGS)}", file=sys.stderr, flush=True)
+    print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
 
 
 def main(argv=None):

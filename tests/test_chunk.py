@@ -1,14 +1,14 @@
-"""One stage in one process (no MPI): the hand-written backward is the spec here.
+"""One model chunk in one process (no MPI): the hand-written backward is the spec here.
 
-Each check compares `Stage` with MindSpore differentiating the same layers directly.
+Each check compares `Chunk` with MindSpore differentiating the same layers directly.
 """
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
 
+from pipe.chunk import Chunk, residual_slots
 from pipe.dropout import MaskDraw
-from pipe.stage import Stage
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -61,9 +61,35 @@ def mlp():
 @pytest.mark.parametrize("mode", ["whole", "split B + W", "recompute"])
 def test_per_layer_backward_equals_differentiating_the_slice(mode):
     layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
-    stage = Stage(layers, is_first=False, recompute=mode == "recompute")
+    stage = Chunk(layers, is_first=False, recompute=mode == "recompute")
     dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
     assert_same_backward(dx, grads, layers, x, dy)
+
+
+RELUS = {"between Dense layers": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)],
+         "last in the chunk": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3), nn.ReLU()],
+         "first in the chunk": [nn.ReLU(), nn.Dense(6, 3)]}
+
+
+@pytest.mark.parametrize("where", RELUS)
+@pytest.mark.parametrize("mode", ["whole", "split B + W"])
+def test_relu_backward_from_its_output(where, mode):
+    """A ReLU keeps no tensor of its own when the next layer keeps its output as input."""
+    layers, x = RELUS[where], tensor(4, 6)
+    stage = Chunk(layers, is_first=False)
+    dy = tensor(*stage.infer(x).shape)
+    dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
+    assert_same_backward(dx, grads, layers, x, dy)
+
+
+def test_a_dense_relu_pair_keeps_one_tensor():
+    layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)]
+    assert residual_slots(layers) == ((0, 1, 1, 2, 2), 3)
+    assert residual_slots([nn.Dense(6, 8), nn.ReLU()]) == ((0, 1), 2)            # last: its own
+    assert residual_slots([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]) == ((0, 1, 2), 3)
+    stage = Chunk(layers, is_first=False)
+    stage.forward(0, tensor(4, 6))
+    assert stage.peak_bytes == 4 * (4 * 6 + 4 * 8 + 4 * 8)      # inputs of the 3 Dense layers
 
 
 def test_tied_weight_gradients_are_summed():
@@ -71,7 +97,7 @@ def test_tied_weight_gradients_are_summed():
     shared = nn.Dense(5, 5)
     layers = [shared, nn.Tanh(), shared]
     x, dy = tensor(3, 5), tensor(3, 5)
-    dx, grads = one_step(Stage(layers, is_first=False), x, dy)
+    dx, grads = one_step(Chunk(layers, is_first=False), x, dy)
     want_dx, want_dw = reference_grads(layers, x, dy)  # autograd sums both uses itself
     assert len(grads) == 2                             # weight and bias, once each
     assert_close(dx, want_dx)
@@ -84,7 +110,7 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     gradient are exactly the units the forward dropped."""
     ms.set_seed(3)
     first, dropout, last = nn.Dense(8, 64), nn.Dropout(p=0.5), nn.Dense(64, 4)
-    stage = Stage([first, dropout, last], is_first=False)
+    stage = Chunk([first, dropout, last], is_first=False)
     x, dy = tensor(1, 8), tensor(1, 4)
     stage.zero_grads()
     stage.forward(0, x, draw=MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1))
@@ -108,7 +134,7 @@ class _Apply(nn.Cell):
 def batch_norm_stage():
     ms.set_seed(4)
     layers = [nn.Dense(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Dense(5, 3)]
-    return layers, Stage(layers, is_first=False)
+    return layers, Chunk(layers, is_first=False)
 
 
 def buffers(stage):
@@ -144,6 +170,6 @@ def test_batch_norm_gradients_use_the_batch_statistics():
 
 def test_infer_runs_in_eval_mode():
     ms.set_seed(5)
-    dropout_stage = Stage([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
+    dropout_stage = Chunk([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
     x = tensor(3, 4)
     assert_close(dropout_stage.infer(x), dropout_stage.layers[0](x))    # no dropout

@@ -1,17 +1,19 @@
-"""One pipeline stage: compiled forward and backward over a slice of the model.
+"""One model chunk: compiled forward and backward over a slice of the model's layers.
 
-A stage runs each micro-batch's forward once and keeps, for each layer, the input it saw:
+A chunk is the layers of one virtual stage (pipe.schedule); with one chunk per rank, it is
+the rank's whole pipeline stage. It runs each micro-batch's forward once and keeps, for
+each layer, the input it saw:
 the same tensors autograd would keep. Its backward walks the layers in reverse and asks
 MindSpore for each layer's vector-Jacobian product at that saved input, all inside one
 compiled graph. Layers whose gradient needs no forward output (Dense: dX = dY W^T,
 dW = dY^T X) are not recomputed: their forward is dead code in the backward graph and the
-compiler drops it. So a stage runs forward + backward at ~3x the forward's cost, not the
-~4x of differentiating the whole stage again from its input.
+compiler drops it. So a chunk runs forward + backward at ~3x the forward's cost, not the
+~4x of differentiating the whole chunk again from its input.
 
 Two kinds of layer need more than that. Dropout takes its mask as an input (drawn on the
 host, see pipe.dropout) and keeps it instead of its input: the backward multiplies by the
 same mask. Layers with buffers (batch norm's moving statistics) update them when run in
-training mode; the backward runs them again, so the stage puts the buffers back as they
+training mode; the backward runs them again, so the chunk puts the buffers back as they
 were after every backward.
 
 (`ms.jit` returns tensors, not a closure over the forward, and PyNative `ms.vjp` keeps
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["Stage", "leaves", "is_plain_sequence"]
+__all__ = ["Chunk", "leaves", "is_plain_sequence"]
 
 
 def is_plain_sequence(cell):
@@ -44,8 +46,31 @@ def keeps_mask(layer):
     return type(layer) is nn.Dropout
 
 
+def keeps_output(layer):
+    """ReLU's gradient needs only its output: it passes dy where the output is > 0. As
+    relu(y) = y there, the layer's own backward run at its output y gives exactly the
+    gradient at its input. That output is the next layer's input, kept anyway: a Dense +
+    ReLU pair holds one tensor, as in autograd."""
+    return type(layer) is nn.ReLU
+
+
+def residual_slots(layers):
+    """For each layer, where its residual is in the forward's saved tuple, and how many
+    tensors that tuple holds. A ReLU shares the next layer's slot when that layer keeps its
+    input (its own output); otherwise (last in the chunk, or before a dropout) it keeps its
+    output in a slot of its own."""
+    slots, count = [], 0
+    for i, layer in enumerate(layers):
+        slots.append(count)
+        following = layers[i + 1] if i + 1 < len(layers) else None
+        if not (keeps_output(layer) and following is not None and not keeps_mask(following)):
+            count += 1
+    return tuple(slots), count
+
+
 class _KeepInput(nn.Cell):
     """(x, masks) -> (layer(x), x): what the layer's backward is computed from."""
+    kept = True
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
@@ -55,8 +80,21 @@ class _KeepInput(nn.Cell):
         return self.layer(x), x
 
 
+class _KeepOutput(_KeepInput):
+    """ReLU: (x, masks) -> (y, y); `kept` False when the next layer keeps y as its input."""
+
+    def __init__(self, layer, kept):
+        super().__init__(layer)
+        self.kept = kept
+
+    def construct(self, x, masks):
+        y = self.layer(x)
+        return y, y
+
+
 class _KeepMask(nn.Cell):
     """Dropout: (x, masks) -> (x * mask / keep_prob, mask), with its own mask of `masks`."""
+    kept = True
 
     def __init__(self, dropout, index):
         super().__init__(auto_prefix=False)
@@ -69,16 +107,20 @@ class _KeepMask(nn.Cell):
 
 
 class _Forward(nn.Cell):
-    """(x, labels, scale, dropout masks) -> (output, residual of every layer: its input, or
-    dropout's mask). On the last stage the output is (loss, d loss / d logits x scale): the
+    """(x, labels, scale, dropout masks) -> (output, residuals: each layer's input, a
+    dropout's mask, or a ReLU's output unless the next layer's input is that output). On the model's last chunk the output is (loss, d loss / d logits x scale): the
     loss gradient is cheap, and starting the backward from it means the logits need not be
     kept."""
 
     def __init__(self, layers, loss_fn=None):
         super().__init__(auto_prefix=False)
         random = [i for i, layer in enumerate(layers) if keeps_mask(layer)]
-        self.layers = nn.CellList([_KeepMask(l, random.index(i)) if i in random else _KeepInput(l)
-                                   for i, l in enumerate(layers)])
+        place, _ = residual_slots(layers)
+        own = [i + 1 == len(layers) or place[i + 1] > place[i] for i in range(len(layers))]
+        self.layers = nn.CellList([
+            _KeepMask(l, random.index(i)) if i in random else
+            _KeepOutput(l, own[i]) if keeps_output(l) else _KeepInput(l)
+            for i, l in enumerate(layers)])
         self.loss_fn = loss_fn
         if loss_fn is not None:
             self.loss_and_grad = ms.value_and_grad(loss_fn, grad_position=0)
@@ -88,7 +130,8 @@ class _Forward(nn.Cell):
         saved = ()
         for layer in self.layers:
             x, residual = layer(x, masks)
-            saved = saved + (residual,)
+            if layer.kept:
+                saved = saved + (residual,)
         if self.loss_fn is None:
             return x, saved
         loss, dlogits = self.loss_and_grad(x, labels)
@@ -96,7 +139,7 @@ class _Forward(nn.Cell):
 
 
 class _Infer(nn.Cell):
-    """x -> the stage's output, keeping nothing (layers in eval mode: no dropout, batch
+    """x -> the chunk's output, keeping nothing (layers in eval mode: no dropout, batch
     norm from its moving statistics)."""
 
     def __init__(self, layers):
@@ -151,10 +194,13 @@ class _MaskGrad(nn.Cell):
 
 
 def _layer_grads(layers, make, input_grad):
-    """The per-layer backward cells, last layer first. The first layer of the model needs
-    no input gradient (`input_grad` False) and the compiler then skips computing it."""
+    """The per-layer backward cells, last layer first, each knowing the slot of its
+    residual. The first layer of the model needs no input gradient (`input_grad` False)
+    and the compiler then skips computing it."""
     grads = [_MaskGrad(layer) if keeps_mask(layer) else make(layer, input_grad or i > 0)
              for i, layer in enumerate(layers)]
+    for grad, slot in zip(grads, residual_slots(layers)[0]):
+        grad.slot = slot
     return nn.CellList(grads[::-1])
 
 
@@ -180,22 +226,19 @@ class _LayerGrad(nn.Cell):
 
 
 class _Backward(nn.Cell):
-    """(dy, grad accumulators, saved inputs) -> (dx, accumulators + this micro-batch's grads)."""
+    """(dy, grad accumulators, residuals) -> (dx, accumulators + this micro-batch's grads)."""
 
     def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
         self.reversed_grads = _layer_grads(layers, _LayerGrad, input_grad)
-        self.count = len(layers)
         self.positions = slots(layers)
 
     @ms.jit
     def construct(self, dy, accumulators, *saved):
         grads = ()
-        i = self.count
-        for layer_grad in self.reversed_grads:  # saved inputs arrive as *args: MindSpore 2.10
-            i = i - 1                           # cannot differentiate at a tuple's element
-            dy, dw = layer_grad(saved[i], dy)
-            grads = dw + grads
+        for layer_grad in self.reversed_grads:  # residuals arrive as *args: MindSpore 2.10
+            dy, dw = layer_grad(saved[layer_grad.slot], dy)   # cannot differentiate at a
+            grads = dw + grads                                # tuple's element
         return dy, _accumulate(accumulators, grads, self.positions)
 
 
@@ -217,42 +260,39 @@ class _LayerInputGrad(nn.Cell):
 
 
 class _InputGrad(nn.Cell):
-    """B of a split backward: (dy, saved inputs) -> (dx, output gradients of the layers
-    with weights). No weight gradient is computed: the compiler drops dW."""
+    """B of a split backward: (dy, residuals) -> (dx, output gradients of the layers with
+    weights). No weight gradient is computed: the compiler drops dW."""
 
     def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
         self.reversed_grads = _layer_grads(layers, _LayerInputGrad, input_grad)
-        self.count = len(layers)
 
     @ms.jit
     def construct(self, dy, *saved):
         stashed = ()
-        i = self.count
         for layer_grad in self.reversed_grads:
-            i = i - 1
-            dy, stash = layer_grad(saved[i], dy)
+            dy, stash = layer_grad(saved[layer_grad.slot], dy)
             stashed = stash + stashed
         return dy, stashed
 
 
 class _WeightGrad(nn.Cell):
-    """W of a split backward: (accumulators, saved inputs, stashed output gradients) ->
+    """W of a split backward: (accumulators, residuals, stashed output gradients) ->
     accumulators + this micro-batch's weight gradients. Each is dY^T X for a Dense: no
     input gradient, no forward recomputed."""
 
     def __init__(self, layers):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
-        self.inputs = tuple(i for i, _ in weighted)
+        slots_of_layers, self.count = residual_slots(layers)
+        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)
         self.layers = nn.CellList([layer for _, layer in weighted])
         self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.count = len(layers)
         self.positions = slots(layers)
 
     @ms.jit
-    def construct(self, accumulators, *tensors):   # tensors: saved inputs, then stashed dys
+    def construct(self, accumulators, *tensors):   # tensors: residuals, then stashed dys
         grads = ()
         k = 0
         for layer in self.layers:
@@ -273,18 +313,18 @@ def distinct(parameters):
     return list({id(p): p for p in parameters}.values())
 
 
-class Stage:
+class Chunk:
     """A slice of the model on this rank, with its in-flight activations and its gradients.
 
-    `forward(mb, x)` returns the activation for the next stage (on the last stage: the loss),
-    `backward(mb, dy)` the gradient for the previous stage, and accumulates weight gradients
+    `forward(mb, x)` returns the activation for the next chunk (on the model's last: the
+    loss), `backward(mb, dy)` the gradient for the previous one, and accumulates weight gradients
     over the micro-batches of a step, scaled so their sum is the step's mean gradient.
     Training calls run the layers in training mode, `infer` in eval mode.
 
-    With `recompute`, a micro-batch in flight keeps only its stage input (and dropout
+    With `recompute`, a micro-batch in flight keeps only its input (and dropout
     masks); the backward runs the forward again to get the layer inputs back (activation
     recomputation: less memory, one more forward). `peak_bytes` is the most activation
-    memory held at once. `first_layer` is the stage's place in the whole model: it names
+    memory held at once. `first_layer` is the chunk's place in the whole model: it names
     the dropout layers whose masks it draws.
     """
 
@@ -297,7 +337,7 @@ class Stage:
                  for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
         self.dropouts = [(k, named[k], layer.dropout.keep_prob)
                          for k, layer in enumerate(self.layers) if keeps_mask(layer)]
-        self._mask_shapes = {}  # stage input shape -> each dropout layer's input shape
+        self._mask_shapes = {}  # input shape -> each dropout layer's input shape
         self.is_last = loss_fn is not None
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Infer(self.layers)
@@ -315,7 +355,7 @@ class Stage:
 
     @property
     def state(self):
-        """What a checkpoint holds of this stage: parameters, then buffers."""
+        """What a checkpoint holds of this chunk: parameters, then buffers."""
         return self.params + self.buffers
 
     def _mode(self, training):
@@ -346,7 +386,7 @@ class Stage:
         masks = self._masks(x, draw)
         out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale, masks)
         if self.recompute:
-            self._keep(mb, ((x, masks), labels), ("input", x.shape))   # the stage input only
+            self._keep(mb, ((x, masks), labels), ("input", x.shape))   # the chunk's input only
         elif self.is_last:
             self._keep(mb, (saved, out[1]), ("F", x.shape))   # residuals, d loss / d logits
         else:
@@ -360,7 +400,7 @@ class Stage:
         return dx
 
     def backward_input(self, mb, dy=None):
-        """B of a split backward: the gradient for the previous stage only. What W needs
+        """B of a split backward: the gradient for the previous chunk only. What W needs
         (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
         key = ("W", self._keys[mb][1])
         with self._buffers_kept():
@@ -420,14 +460,14 @@ class Stage:
         return self.saved.pop(mb)
 
     def infer(self, x):
-        """Forward only, in eval mode, keeping nothing: the model's output on the last stage."""
+        """Forward only, in eval mode, keeping nothing: the model's output on the last chunk."""
         self._mode(False)
         return self._infer(x)
 
     def probe(self, x, labels):
         """Run the training forward once on `x` (checking and compiling it), keeping nothing
-        and leaving the buffers as they were. Returns the (shape, dtype) of this stage's
-        output (on the last stage, the model's: the logits' gradient has the logits' shape)."""
+        and leaving the buffers as they were. Returns the (shape, dtype) of this chunk's
+        output (on the last chunk, the model's: the logits' gradient has the logits' shape)."""
         self._mode(True)
         with self._buffers_kept():
             out, _ = self._forward(x, labels, self._scale, self._masks(x, None))

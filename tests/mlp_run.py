@@ -1,0 +1,66 @@
+"""The training run behind the transparency tests, written against the library alone.
+
+`pipe_run` drives `PipelineEngine` with a `PipelineConfig` (no example, no flags);
+`plain_run` is MindSpore's own `TrainOneStepCell` on the whole batch in one process: what
+every layout must train. Both start from the same weights, drawn from numpy (not from
+MindSpore's generator), and see the same batches.
+"""
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from pipe.comm import MpiWire
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
+
+WIDTHS = (20, 32, 32, 32, 10)       # 3 x (Dense + ReLU), then Dense to 10 classes
+BATCH, STEPS = 16, 2
+LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def build_model(seed):
+    rng = np.random.default_rng(seed)
+    blocks = [nn.SequentialCell([nn.Dense(a, b), nn.ReLU()]) for a, b in zip(WIDTHS[:-2], WIDTHS[1:-1])]
+    model = nn.SequentialCell(blocks + [nn.Dense(WIDTHS[-2], WIDTHS[-1])])
+    for p in model.trainable_params():
+        p.set_data(ms.Tensor(rng.normal(0.0, 0.3, p.shape).astype(np.float32)))
+    return model
+
+
+def batches(seed):
+    rng = np.random.default_rng(seed + 1)
+    return [(rng.standard_normal((BATCH, WIDTHS[0])).astype(np.float32),
+             rng.integers(0, WIDTHS[-1], BATCH).astype(np.int32)) for _ in range(STEPS)]
+
+
+def optimizer(name):
+    if name == "sgd":
+        return lambda params: nn.SGD(params, learning_rate=0.1)
+    # Adam divides by sqrt(second moment): a gradient at round-off level becomes a step of
+    # about lr. A small lr keeps that within the tests' tolerance.
+    return lambda params: nn.Adam(params, learning_rate=0.001)
+
+
+def plain_run(name, seed):
+    """({whole-model parameter name: value}, every step's loss) of one plain process."""
+    model = build_model(seed)
+    names = dict(model.parameters_and_names())
+    step = nn.TrainOneStepCell(nn.WithLossCell(model, LOSS), optimizer(name)(model.trainable_params()))
+    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
+    return {n: p.asnumpy() for n, p in names.items()}, losses
+
+
+def pipe_run(spec, communicator):
+    """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save"}) on the
+    ranks of `communicator`; saves the model after the last step. Returns the engine and
+    this rank's losses."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    config = PipelineConfig(batch_size=BATCH, **spec["config"])
+    data = batches(spec["seed"])
+    sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
+    engine = PipelineEngine(build_model(spec["seed"]), LOSS, optimizer(spec["optimizer"]), config,
+                            MpiWire(120.0, communicator), sample=sample)
+    losses = [engine.train_step(x, y) for x, y in data]
+    engine.save(spec["save"], STEPS)
+    return engine, losses
