@@ -47,7 +47,8 @@ def average_buffers(wire, buffers, replica_ranks):
 
 
 def step_loss(wire, losses, micro_batches, replicas, world):
-    """The step's mean loss on every rank: the last stages hold their micro-batches' losses."""
-    mine = sum(float(loss.asnumpy()) for loss in losses) / micro_batches
-    total = wire.all_reduce(ms.Tensor([mine], ms.float32), world)
+    """The step's mean loss on every rank: the last stages hold their micro-batches' losses,
+    summed on the device, so the host waits for it once."""
+    mine = ops.stack(losses).sum() / micro_batches if losses else ms.Tensor(0.0, ms.float32)
+    total = wire.all_reduce(mine.reshape(1), world)
     return float(total.asnumpy()[0]) / replicas
