@@ -1,23 +1,70 @@
-"""pipe's command line: print a schedule as its table, simulate it, check its messages.
+"""pipe's command line: print a schedule as its table, simulate it, check its messages;
+or compare every schedule for one P, M and set of costs.
 
     python -m pipe --schedule zb-h1 --stages 4 --micro-batches 8
+    python -m pipe --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
     python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
 
-The bubble it reports comes from the simulated timeline with the costs it prints
-(`--cost F B W`, or measured from a recorded trace).
+The table and the bubble come from one simulated timeline with the costs it prints
+(`--cost F B W`, or measured from a recorded trace). Memory is counted per rank in
+micro-batches of a whole stage's activations, held from F until the last backward piece
+(W, when the backward is split): an interleaved chunk holds 1/v of that.
 """
 import argparse
 import sys
 
 from pipe import schedule as schedules
 from pipe.config import PipelineConfig, as_flags
-from pipe.simulator import Deadlock, format_table, measured_costs, simulate
+from pipe.simulator import Deadlock, checked_schedule, format_table, measured_costs, simulate
+
+
+def peaks(schedule):
+    """Each rank's peak activation memory, in micro-batches of a whole stage."""
+    return [schedules.peak_in_flight(schedule, r) / schedule.chunks for r in range(schedule.stages)]
+
+
+def messages(schedule):
+    return sum(a.kind[0] == "s" for actions in schedule.actions for a in actions)
+
+
+def compare(stages, micro_batches, chunks, cost):
+    """One line per schedule that takes this P and M: bubble, memory, messages."""
+    print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} B={cost[1]:g} W={cost[2]:g}")
+    print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per rank (micro-batches)")
+    for name in schedules.SCHEDULES:
+        v = chunks if name == "interleaved-1f1b" else 1
+        try:
+            schedule = checked_schedule(name, stages, micro_batches, v)
+        except ValueError as e:
+            print(f"{name:24} (not for this P and M: {as_flags(str(e))})")
+            continue
+        timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
+        label = f"{name} (v={v})" if v > 1 else name
+        print(f"{label:24} {timeline.bubble:7.4f}  {messages(schedule):8d}  "
+              + " ".join(f"{p:g}" for p in peaks(schedule)))
+
+
+def show(schedule, cost, lowered):
+    """One schedule: its table and bubble from one timeline, its memory and messages."""
+    timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
+    print(format_table(schedule, timeline))
+    print(f"\ncosts: F={cost[0]:g} B={cost[1]:g} W={cost[2]:g} "
+          f"({'B and W separate' if schedule.split_backward else 'B includes W'})")
+    print(f"bubble: {timeline.bubble:.4f}")
+    print("peak memory per rank (micro-batches, F until the last backward piece):",
+          " ".join(f"{p:g}" for p in peaks(schedule)))
+    for rank, actions in enumerate(schedule.actions):
+        sends = " ".join(f"{a}->{a.peer}" for a in actions if a.kind[0] == "s")
+        recvs = " ".join(f"{a}<-{a.peer}" for a in actions if a.kind[0] == "r")
+        print(f"rank {rank} sends: {sends or '-'}\nrank {rank} receives: {recvs or '-'}")
+        if lowered:
+            print(f"rank {rank} actions: " + " ".join(map(str, actions)))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pipe",
                                 description="Print a schedule, simulate it, check its messages.")
-    p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES))
+    p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
     p.add_argument("--chunks", type=int, help="chunks per rank (interleaved: 2)")
@@ -26,36 +73,21 @@ def main(argv=None):
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
+    name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: v for interleaved
     try:
         config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
-                                schedule=args.schedule, chunks=args.chunks,
-                                batch_size=args.micro_batches)
+                                schedule=name, chunks=args.chunks, batch_size=args.micro_batches)
         config.check()
-        chunks = config.chunks
-        schedule = schedules.lower(schedules.make_schedule(args.schedule, args.stages,
-                                                           args.micro_batches, chunks))
+        cost = measured_costs(args.measured) if args.measured else args.cost
+        if args.schedule == "all":
+            return compare(args.stages, args.micro_batches, config.chunks, cost)
+        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks)
     except ValueError as e:          # one line naming the value and the fix, exit code 2
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         raise SystemExit(2)
-    f, b, w = measured_costs(args.measured, schedule) if args.measured else args.cost
-    costs = schedules.action_costs(schedule, f, b, w)
-    try:
-        simulate(schedule)                                   # can it hang?
     except Deadlock as e:
         raise SystemExit(str(e))
-    timeline = simulate(schedule, costs, eager_sends=True)    # how long does it take?
-    print(format_table(schedule))
-    print(f"\ncosts: F={costs['F']:g} B={costs['B']:g} W={costs['W']:g} "
-          f"({'B and W separate' if schedule.split_backward else 'B includes W'})")
-    print(f"bubble: {timeline.bubble:.4f}")
-    print("peak in-flight micro-batches per rank (F done, B not):",
-          [schedules.peak_in_flight(schedule, r) for r in range(args.stages)])
-    for rank, actions in enumerate(schedule.actions):
-        sends = " ".join(f"{a}->{a.peer}" for a in actions if a.kind[0] == "s")
-        recvs = " ".join(f"{a}<-{a.peer}" for a in actions if a.kind[0] == "r")
-        print(f"rank {rank} sends: {sends or '-'}\nrank {rank} receives: {recvs or '-'}")
-        if args.lowered:
-            print(f"rank {rank} actions: " + " ".join(map(str, actions)))
+    show(schedule, cost, args.lowered)
 
 
 if __name__ == "__main__":

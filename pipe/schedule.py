@@ -109,8 +109,10 @@ def interleaved_1f1b(stages, micro_batches, chunks=2):
     """Interleaved 1F1B (Narayanan et al., 2021): each rank holds `chunks` model chunks that
     are not adjacent (rank r: virtual stages r, r+P, ...). Micro-batches go through the
     chunks in groups of P, so a rank can start chunk 1 of the first micro-batches while the
-    later stages still work on chunk 0. Warm-up is longer, 2(P-r-1) + (v-1)P forwards; the
-    bubble shrinks to about 1/v of 1F1B's. P=2, M=4, v=2 (`F0:1` = micro-batch 0, chunk 1):
+    later stages still work on chunk 0. Warm-up is longer, 2(P-r-1) + (v-1)P forwards (at
+    most all vM, and also when M = P: later ranks then hold less, as in today's Megatron and
+    torch); the bubble shrinks to about 1/v of 1F1B's. P=2, M=4, v=2 (`F0:1` = micro-batch
+    0, chunk 1):
 
         rank0: F0 F1 F0:1 F1:1 F2   B0:1 F3   B1:1 F2:1 B0 F3:1 B1 .    B2:1 .    B3:1 B2 B3
         rank1: .  F0 F1   F0:1 B0:1 F1:1 B1:1 F2   B0   F3 B1   F2:1 B2:1 F3:1 B3:1 B2   B3
@@ -132,8 +134,7 @@ def interleaved_1f1b(stages, micro_batches, chunks=2):
 
     actions = []
     for rank in range(stages):
-        warmup = total if micro_batches == stages else \
-            min(total, 2 * (stages - rank - 1) + (chunks - 1) * stages)
+        warmup = min(total, 2 * (stages - rank - 1) + (chunks - 1) * stages)
         order = [Action("F", *unit(k, False)) for k in range(warmup)]
         for k in range(total - warmup):                         # steady state
             order += [Action("F", *unit(warmup + k, False)), Action("B", *unit(k, True))]
@@ -146,41 +147,30 @@ def zb_h1(stages, micro_batches):
     """Zero-bubble ZB-H1 (Qi et al., ICLR 2024): the backward splits into B (the input
     gradient, which the previous stage waits for) and W (the weight gradient, which nobody
     waits for). B keeps its 1F1B place on the critical path; W fills time a stage would
-    otherwise idle. With F = B = W the bubble is about a third of 1F1B's.
+    otherwise idle, which shrinks the bubble from 1F1B's (P-1)(F + B + W) to
+    (P-1)(F + B - W): about a third of it when F = B = W.
 
-    Built by list scheduling, one unit per action. At each tick a stage runs, in order:
-    a W if more than P-1 are pending (bounds their memory), a B whose gradient has arrived,
-    a forward if fewer than P-s micro-batches await their B (1F1B's activation memory),
-    else a pending W. P=2, M=4:
+    Rank r runs 1F1B's order (P-r-1 warm-up forwards, then F and B alternating) with each
+    W lagging its B by r micro-batches. A micro-batch holds memory until its W, so rank r
+    holds at most (P - r) + r = P micro-batches: 1F1B's peak, on every rank. P=3, M=6:
 
-        rank0: F0 F1 .  B0 F2 B1 W0 F3 B2 W1 W2 B3 W3
-        rank1: .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
+        rank0: F0 F1 F2 .  .  B0 W0 F3 B1 W1 F4 B2 W2 F5 B3 W3 B4 W4 B5 W5
+        rank1: .  F0 F1 .  B0 F2 B1 W0 F3 B2 W1 F4 B3 W2 F5 B4 W3 B5 W4 W5
+        rank2: .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 F4 B4 W2 F5 B5 W3 W4 W5
     """
-    P, M = stages, micro_batches
-    finished = {}                                   # (kind, stage, mb) -> tick
-    actions = [[] for _ in range(P)]
-    next_f, next_b, pending_w = [0] * P, [0] * P, [[] for _ in range(P)]
-    tick = 0
-    while any(len(a) < 3 * M for a in actions):
-        for s in range(P):
-            f, b = next_f[s], next_b[s]
-            b_ready = b < f and (s == P - 1 or finished.get(("B", s + 1, b), tick) < tick)
-            f_ready = f < M and (s == 0 or finished.get(("F", s - 1, f), tick) < tick)
-            if len(pending_w[s]) > P - 1:
-                action = Action("W", pending_w[s].pop(0))
-            elif b_ready:
-                action, next_b[s] = Action("B", b), b + 1
-                pending_w[s].append(b)
-            elif f_ready and f - b < P - s:
-                action, next_f[s] = Action("F", f), f + 1
-            elif pending_w[s]:
-                action = Action("W", pending_w[s].pop(0))
-            else:
-                continue                            # idle: the bubble
-            actions[s].append(action)
-            finished[(action.kind, s, action.mb)] = tick
-        tick += 1
-    return Schedule("zb-h1", P, M, actions, split_backward=True)
+    actions = []
+    for rank in range(stages):
+        warmup, lag = min(stages - rank - 1, micro_batches), rank
+        order = [Action("F", m) for m in range(warmup)]
+        for i in range(micro_batches):
+            if warmup + i < micro_batches:
+                order.append(Action("F", warmup + i))
+            order.append(Action("B", i))
+            if i >= lag:
+                order.append(Action("W", i - lag))
+        order += [Action("W", m) for m in range(max(0, micro_batches - lag), micro_batches)]
+        actions.append(order)
+    return Schedule("zb-h1", stages, micro_batches, actions, split_backward=True)
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
@@ -309,9 +299,10 @@ def message_tag(key, virtual_stages):
     return (mb * virtual_stages + vs) * 2 + (kind == "B")
 
 
-def peak_in_flight(schedule, rank, through="B"):
-    """Most micro-batches `rank` holds activations of at once: forwarded, and not yet past
-    their B (`through="W"`: not yet past their last backward action, W when split)."""
+def peak_in_flight(schedule, rank, through="W"):
+    """Most micro-batches (of one chunk's layers) `rank` holds activations of at once:
+    forwarded, and not yet past their last backward piece (W when the backward is split: a
+    waiting W keeps the layer inputs); `through="B"` stops counting at B."""
     release = "W" if through == "W" and schedule.split_backward else "B"
     held = peak = 0
     for action in schedule.actions[rank]:

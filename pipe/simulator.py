@@ -139,7 +139,7 @@ def checked_schedule(name, stages, micro_batches, chunks=1):
     return schedule
 
 
-def measured_costs(trace_path, schedule):
+def measured_costs(trace_path):
     """(F, B, W) median durations from a recorded trace (pipe.trace). Without W actions in
     the trace, W is 0 and B is the whole backward."""
     import json

@@ -70,7 +70,7 @@ def test_stage_keeps_whole_model_parameter_names():
 
 
 def test_topology_grid():
-    topo = Topology(stages=2, replicas=3)
+    topo = Topology(stages=2, data_parallel=3)
     assert [(topo.stage_of(r), topo.replica_of(r)) for r in range(6)] == \
         [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
     assert topo.pipeline_ranks(1) == (2, 3)
