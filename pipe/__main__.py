@@ -32,14 +32,14 @@ def compare(stages, micro_batches, chunks, cost):
     print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} B={cost[1]:g} W={cost[2]:g}")
     print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per rank (micro-batches)")
     for name in schedules.SCHEDULES:
-        v = chunks if name == "interleaved-1f1b" else 1
+        v = chunks if name == "interleaved-1f1b" else schedules.CHUNKS.get(name, 1)
         try:
             schedule = checked_schedule(name, stages, micro_batches, v)
         except ValueError as e:
             print(f"{name:24} (not for this P and M: {as_flags(str(e))})")
             continue
         timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
-        label = f"{name} (v={v})" if v > 1 else name
+        label = f"{name} (v={v})" if name == "interleaved-1f1b" else name
         print(f"{label:24} {timeline.bubble:7.4f}  {messages(schedule):8d}  "
               + " ".join(f"{p:g}" for p in peaks(schedule)))
 

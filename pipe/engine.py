@@ -137,7 +137,7 @@ class PipelineEngine:
         if chunk.is_last:
             batch.outputs.append(out)
         else:
-            self._outbox[key] = out
+            self._hand_on(key, +1, out)
 
     def _backward(self, action, batch):
         chunk, key = self.chunks[action.chunk], ("B", action.mb, action.chunk)
@@ -145,7 +145,17 @@ class PipelineEngine:
         backward = chunk.backward_input if self.schedule.split_backward else chunk.backward
         dx = backward(action.mb, dy)
         if self.schedule.virtual_stage(self.layout.stage, action.chunk) > 0:
-            self._outbox[key] = dx
+            self._hand_on(key, -1, dx)
+
+    def _hand_on(self, key, step, tensor):
+        """To the next (+1) or previous (-1) virtual stage: straight into its inbox when
+        this rank holds it too (the turn of ZB-V's V), else to the outbox for a send."""
+        kind, mb, chunk = key
+        to = self.schedule.virtual_stage(self.layout.stage, chunk) + step
+        if self.schedule.rank_of(to) == self.layout.stage:
+            self._inbox[(kind, mb, self.schedule.chunk_of(to))] = tensor
+        else:
+            self._outbox[key] = tensor
 
     def _weight_grad(self, action, batch):
         self.chunks[action.chunk].backward_weight(action.mb)

@@ -82,8 +82,13 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
     spec_out = None
     for chunk, stage in enumerate(stages):
         vs = schedule.virtual_stage(me, chunk)
-        spec_in = (tuple(x.shape), x.dtype) if vs == 0 else read_header(
-            wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)], schedule.free_tag).asnumpy())
+        if vs == 0:
+            spec_in = (tuple(x.shape), x.dtype)
+        elif schedule.rank_of(vs - 1) == me:          # the turn of a V: this rank's own output
+            spec_in = specs[vs]
+        else:
+            spec_in = read_header(wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)],
+                                            schedule.free_tag).asnumpy())
         spec_out = None
         if spec_in is not None and failure is None:
             problem = check_input(stage, spec_in, wire.dtypes if vs else None)
@@ -96,7 +101,7 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
             if problem is not None:
                 failure = (vs, *problem, spec_in)
         specs[vs], specs[vs + 1] = spec_in, spec_out
-        if vs < V - 1:
+        if vs < V - 1 and schedule.rank_of(vs + 1) != me:
             wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], schedule.free_tag)
     # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it
     # got), and the model's output spec for predict. Rows are summed, so each rank fills

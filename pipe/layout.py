@@ -102,5 +102,5 @@ def build_layout(model, loss_fn, config, rank, costs):
     params = [p for chunk in chunks for p in chunk.params]
     tied = tied_weights(model, all_bounds, params, [p.name for p in params], lambda vs: [
         topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
-    return Layout(config, topo, rank, schedule, lower(forward_only(P, M, v)), all_bounds,
+    return Layout(config, topo, rank, schedule, lower(forward_only(schedule)), all_bounds,
                   chunks, bounds, names, tied)

@@ -7,8 +7,9 @@ engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "forward_only", "SCHEDULES", "make_schedule",
-           "lower", "message_key", "message_tag", "peak_in_flight"]
+__all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_v",
+           "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower", "message_key",
+           "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
@@ -41,7 +42,9 @@ class Action:
 class Schedule:
     """Per-rank action lists for P ranks, M micro-batches and v model chunks per rank.
 
-    Rank r's chunk c is virtual stage c*P + r, so with v=1 a rank is simply its stage.
+    Rank r's chunk c is virtual stage c*P + r (a loop: with v=1 a rank is simply its
+    stage), or with `v_shape` (two chunks) virtual stages r and 2P-1-r: the last rank
+    holds the two middle ones and hands the activation from one to the other itself.
     `split_backward` is True when B computes only the input gradient and W the weights'.
     """
 
@@ -51,16 +54,25 @@ class Schedule:
     actions: list                  # actions[rank] -> [Action, ...]
     chunks: int = 1
     split_backward: bool = False
+    v_shape: bool = False
 
     @property
     def virtual_stages(self):
         return self.stages * self.chunks
 
     def rank_of(self, virtual_stage):
+        if self.v_shape and virtual_stage >= self.stages:
+            return 2 * self.stages - 1 - virtual_stage
         return virtual_stage % self.stages
 
     def virtual_stage(self, rank, chunk):
+        if self.v_shape and chunk == 1:
+            return 2 * self.stages - 1 - rank
         return chunk * self.stages + rank
+
+    def chunk_of(self, virtual_stage):
+        """Which of its rank's chunks a virtual stage is."""
+        return virtual_stage // self.stages
 
     @property
     def free_tag(self):
@@ -173,25 +185,80 @@ def zb_h1(stages, micro_batches):
     return Schedule("zb-h1", stages, micro_batches, actions, split_backward=True)
 
 
+def zb_v(stages, micro_batches):
+    """ZB-V (Qi et al., ICLR 2024, section 6): two chunks per rank in a V, rank r holding
+    virtual stages r (chunk 0, on the way down) and 2P-1-r (chunk 1, on the way back), so
+    rank 0 both starts a micro-batch and computes its loss. With B and W split, the
+    steady state runs F B W on one chunk, then on the other, at 1F1B's peak activation
+    memory (2P chunks of half a stage each). Rank r's phases:
+
+        warm-up    2(P-r)-1 F on chunk 0; r x (F chunk 1, F chunk 0); P-r x (F B W chunk 1)
+        steady     F B W on chunk 0, F B W on chunk 1, until every forward has run
+        cool-down  r x (B chunk 0, B chunk 1); P-r x (B W chunk 0); the W still waiting
+
+    The phases assume at least 2P-1 micro-batches; with fewer, the actions of the missing
+    ones are left out (the phases of torch's ScheduleZBVZeroBubble). When F = B = W (each
+    one chunk's) a rank then idles (P-1) F: half of ZB-H1's bubble for the same model.
+    P=2, M=4 (`F0:1` = micro-batch 0 on chunk 1; rank 1 hands micro-batch 0 from its
+    chunk 0 to its chunk 1 itself):
+
+        step   0    1    2    3    4    5    6    7    8    9    10   11   12
+        rank0: F0   F1   F2   F0:1 B0:1 W0:1 F1:1 B1:1 W1:1 F3   B0   W0   F2:1
+        rank1: .    F0   F0:1 F1   F1:1 B0:1 W0:1 F2   B0   W0   F2:1 B1:1 W1:1
+        step   13   14   15   16   17   18   19   20   21   22   23   24
+        rank0: B2:1 W2:1 B1   W1   F3:1 B3:1 W3:1 B2   W2   B3   W3   .
+        rank1: F3   B1   W1   F3:1 B2:1 W2:1 B2   B3:1 B3   W2   W3:1 W3
+    """
+    padded = max(micro_batches, 2 * stages - 1)
+    actions = []
+    for rank in range(stages):
+        done, order = {}, []
+
+        def run(*units):                 # (kind, chunk): the next micro-batch of each
+            for kind, chunk in units:
+                mb = done.get((kind, chunk), 0)
+                done[(kind, chunk)] = mb + 1
+                order.append(Action(kind, mb, chunk))
+
+        run(*[("F", 0)] * (2 * (stages - rank) - 1))
+        run(*[("F", 1), ("F", 0)] * rank)
+        run(*[("F", 1), ("B", 1), ("W", 1)] * (stages - rank))
+        while done[("F", 0)] < padded or done[("F", 1)] < done[("F", 0)]:
+            if done[("F", 0)] < padded:
+                run(("F", 0))
+            run(("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
+        run(*[("B", 0), ("B", 1)] * rank)
+        run(*[("B", 0), ("W", 0)] * (stages - rank))
+        run(*[("W", 1)] * (padded - done[("W", 1)]), *[("W", 0)] * (padded - done[("W", 0)]))
+        actions.append([a for a in order if a.mb < micro_batches])
+    return Schedule("zb-v", stages, micro_batches, actions, chunks=2, split_backward=True,
+                    v_shape=True)
+
+
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
-             "zb-h1": zb_h1}
+             "zb-h1": zb_h1, "zb-v": zb_v}
+CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2}    # default chunks per rank; others run 1
 
 
 def make_schedule(name, stages, micro_batches, chunks=1):
-    """The named schedule's compute actions (`chunks` model chunks per rank: interleaved only)."""
+    """The named schedule's compute actions (`chunks` model chunks per rank: any number for
+    interleaved 1F1B, 2 for ZB-V, else 1)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved-1f1b":
         return interleaved_1f1b(stages, micro_batches, chunks)
-    if chunks > 1:
-        raise ValueError(f"chunks={chunks} needs schedule='interleaved-1f1b', not {name!r}")
+    if chunks != CHUNKS.get(name, 1):
+        raise ValueError(f"chunks={chunks}: schedule={name!r} runs {CHUNKS.get(name, 1)} chunk(s) "
+                         "per rank; only interleaved-1f1b takes other counts")
     return SCHEDULES[name](stages, micro_batches)
 
 
-def forward_only(stages, micro_batches, chunks=1):
-    """Inference: every micro-batch's forward through each chunk in turn (GPipe's first half)."""
-    F = [Action("F", m, c) for c in range(chunks) for m in range(micro_batches)]
-    return Schedule("forward-only", stages, micro_batches, [list(F) for _ in range(stages)], chunks)
+def forward_only(schedule):
+    """Inference with `schedule`'s placement: every micro-batch's forward through each chunk
+    in turn (GPipe's first half)."""
+    F = [Action("F", m, c) for c in range(schedule.chunks) for m in range(schedule.micro_batches)]
+    return Schedule("forward-only", schedule.stages, schedule.micro_batches,
+                    [list(F) for _ in range(schedule.stages)], schedule.chunks, v_shape=schedule.v_shape)
 
 
 def _messages(schedule, rank, action):
@@ -205,16 +272,14 @@ def _messages(schedule, rank, action):
         return replace(message, tag=message_tag(key, schedule.virtual_stages),
                        boundary=max(vs, other_vs))
 
+    before, after = vs > 0 and schedule.rank_of(vs - 1) != rank, \
+        vs < last and schedule.rank_of(vs + 1) != rank      # a neighbour on this rank: no message
     if action.kind == "F":
-        if vs > 0:
-            recvs.append(comm(RECV_F, vs - 1))
-        if vs < last:
-            sends.append(comm(SEND_F, vs + 1))
+        recvs += [comm(RECV_F, vs - 1)] if before else []
+        sends += [comm(SEND_F, vs + 1)] if after else []
     elif action.kind == "B":
-        if vs < last:
-            recvs.append(comm(RECV_B, vs + 1))
-        if vs > 0:
-            sends.append(comm(SEND_B, vs - 1))
+        recvs += [comm(RECV_B, vs + 1)] if after else []
+        sends += [comm(SEND_B, vs - 1)] if before else []
     return recvs, sends
 
 
@@ -228,8 +293,11 @@ def lower(schedule):
     schedule once, logically, and write each rank's messages down in the order in which
     they pair up. When every rank is stuck, one with only sends left goes on computing and
     sends later (interleaved schedules need this: Megatron posts such sends and receives
-    together). A fixed order per rank pairs the same way in the real run, whatever the
-    timing, so the lowered schedule cannot deadlock.
+    together). Of the ranks that can compute, the one that has computed least goes first,
+    so messages pair in about the order they would in time (ZB-V needs this: played rank
+    by rank, its sends pair late and its bubble grows with M). A fixed order per rank
+    pairs the same way in the real run, whatever the timing, so the lowered schedule
+    cannot deadlock.
     """
     compute = schedule.actions
     ranks = len(compute)
@@ -268,17 +336,18 @@ def lower(schedule):
             recvs[rank] = _messages(schedule, rank, compute[rank][position[rank]])[0]
         return True
 
+    def least_computed(carry_sends):
+        able = [r for r in range(ranks) if position[r] < len(compute[r]) and not recvs[r]
+                and (carry_sends or not sends[r])]
+        return advance(min(able, key=lambda r: position[r]), carry_sends) if able else False
+
     while any(position[r] < len(compute[r]) or sends[r] or recvs[r] for r in range(ranks)):
-        moved = False
-        for rank in range(ranks):
-            moved |= pair(rank)
-            moved |= advance(rank, carry_sends=False)
-        if not moved and not any(advance(r, carry_sends=True) for r in range(ranks)):
+        moved = any([pair(rank) for rank in range(ranks)])
+        if not least_computed(carry_sends=False) and not moved and not least_computed(carry_sends=True):
             stuck = {r: [str(a) for a in sends[r] + recvs[r]] for r in range(ranks) if sends[r] or recvs[r]}
             raise ValueError(f"schedule {schedule.name!r} can never complete: messages that no "
                              f"rank will ever pair, per rank: {stuck}")
-    return Schedule(schedule.name, schedule.stages, schedule.micro_batches, out,
-                    schedule.chunks, schedule.split_backward)
+    return replace(schedule, actions=out)
 
 
 def message_key(schedule, rank, action):

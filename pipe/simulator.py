@@ -57,6 +57,7 @@ def simulate(schedule, costs=None, eager_sends=False):
     position, clock = [0] * ranks, [0.0] * ranks
     spans = [[] for _ in range(ranks)]
     wires = {}                           # (src, dst) -> [(message key, time sent), ...] in flight
+    finished = set()                     # (F or B or W, micro-batch, virtual stage) computed
 
     def head(rank):
         return acts[rank][position[rank]] if position[rank] < len(acts[rank]) else None
@@ -64,6 +65,8 @@ def simulate(schedule, costs=None, eager_sends=False):
     def step(rank, action):
         """Try to complete `action` on `rank`; True if it did."""
         if action.is_compute:
+            _check_local_input(schedule, position, rank, action, finished)
+            finished.add((action.kind, action.mb, schedule.virtual_stage(rank, action.chunk)))
             start = clock[rank]
             clock[rank] += costs[action.kind]
             spans[rank].append((start, clock[rank], action))
@@ -100,6 +103,19 @@ def simulate(schedule, costs=None, eager_sends=False):
         if not moved:
             raise Deadlock(schedule, position, "no rank can make progress")
     return Timeline(spans, max(clock))
+
+
+def _check_local_input(schedule, position, rank, action, finished):
+    """ZB-V's last rank holds two neighbouring virtual stages: the tensor between them is
+    handed over on the rank, so its list must compute the producer first."""
+    vs, step = schedule.virtual_stage(rank, action.chunk), {"F": -1, "B": 1}.get(action.kind)
+    source = vs + step if step else None
+    if source is None or not 0 <= source < schedule.virtual_stages or schedule.rank_of(source) != rank:
+        return
+    if (action.kind, action.mb, source) not in finished:
+        raise Deadlock(schedule, position, f"rank {rank} runs {action} before the {action.kind} "
+                       f"of micro-batch {action.mb} on virtual stage {source}, on the same rank, "
+                       "whose output it needs")
 
 
 def _mismatch(schedule, position, rank, action, other_key):

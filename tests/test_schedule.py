@@ -1,7 +1,7 @@
 """Schedules as data: literal step x rank tables, and the invariants every schedule keeps."""
 import pytest
 
-from pipe.schedule import SCHEDULES, action_costs, lower, make_schedule, message_key, peak_in_flight
+from pipe.schedule import CHUNKS, SCHEDULES, action_costs, lower, make_schedule, message_key, peak_in_flight
 from pipe.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
@@ -99,6 +99,35 @@ step rank0 rank1 rank2
 18   B5    W4    W4
 19   W5    W5    W5"""
 
+ZB_V_2x4 = """\
+step rank0 rank1
+0    F0    .
+1    F1    F0
+2    F2    F0:1
+3    F0:1  F1
+4    B0:1  F1:1
+5    W0:1  B0:1
+6    F1:1  W0:1
+7    B1:1  F2
+8    W1:1  B0
+9    F3    W0
+10   B0    F2:1
+11   W0    B1:1
+12   F2:1  W1:1
+13   B2:1  F3
+14   W2:1  B1
+15   B1    W1
+16   W1    F3:1
+17   F3:1  B2:1
+18   B3:1  W2:1
+19   W3:1  B2
+20   B2    B3:1
+21   W2    B3
+22   B3    W2
+23   W3    W3:1
+24   .     W3"""
+
+
 def test_gpipe_table():
     assert format_table(lower(SCHEDULES["gpipe"](4, 8))) == GPIPE_4x8
 
@@ -117,6 +146,17 @@ def test_zb_h1_table():
     """B (input gradient) on 1F1B's path; rank r's W lags its B by r micro-batches."""
     assert format_table(lower(make_schedule("zb-h1", 3, 6))) == ZB_H1_3x6
 
+def test_zb_v_table():
+    """A V: rank 0 holds virtual stages 0 and 3, rank 1 stages 1 and 2 (no message between)."""
+    assert format_table(lower(make_schedule("zb-v", 2, 4, 2))) == ZB_V_2x4
+
+
+def test_v_shape_places_chunk_1_on_the_way_back():
+    schedule = make_schedule("zb-v", 3, 6, 2)
+    assert [[schedule.virtual_stage(r, c) for c in (0, 1)] for r in range(3)] == [[0, 5], [1, 4], [2, 3]]
+    assert [schedule.rank_of(vs) for vs in range(6)] == [0, 1, 2, 2, 1, 0]
+
+
 def test_1f1b_phases_on_first_rank():
     """Warm-up P-1 forwards, steady alternation, cool-down backwards."""
     order = " ".join(str(a) for a in SCHEDULES["1f1b"](4, 8).actions[0])
@@ -130,7 +170,8 @@ def test_lowered_messages_of_two_stage_1f1b():
 
 
 def build(name, stages, micro_batches, chunks=2):
-    return lower(make_schedule(name, stages, micro_batches, chunks if name == "interleaved-1f1b" else 1))
+    return lower(make_schedule(name, stages, micro_batches,
+                               chunks if name == "interleaved-1f1b" else CHUNKS.get(name, 1)))
 
 
 def compute(schedule, rank):
@@ -175,9 +216,12 @@ def test_schedule_invariants(name, stages, micro_batches):
             assert peak == min(stages - rank, micro_batches)
         elif name == "zb-h1":                             # 1F1B's peak, on every rank
             assert peak == stages and peak_in_flight(schedule, rank, through="B") == stages - rank
+        elif name == "zb-v":                              # 2P chunks of half a stage
+            assert peak <= 2 * stages
     sends, recvs = message_pairs(schedule)
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
-    assert len(sends) == 2 * (schedule.virtual_stages - 1) * micro_batches
+    crossings = schedule.virtual_stages - 1 - schedule.v_shape   # ZB-V's turn is on one rank
+    assert len(sends) == 2 * crossings * micro_batches
     simulate(schedule)                      # blocking semantics: raises if it could hang
 
 
@@ -239,7 +283,18 @@ gpipe                     0.2000         8  4 4
 1f1b                      0.2000         8  2 1
 interleaved-1f1b (v=2)    0.1111        24  2.5 1.5
 zb-h1                     0.0769         8  2 2
+zb-v                      0.0400        16  2 2
 """
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 3), (2, 8), (3, 6), (4, 7), (4, 16), (8, 32)])
+@pytest.mark.parametrize("cost", [1, 0.5, 3])
+def test_zb_v_idles_half_of_zb_h1(stages, micro_batches, cost):
+    """With M >= 2P-1 and F = B = W (each one chunk's, half a stage's) a rank idles
+    (P-1) F: half of ZB-H1's (P-1)(F + B - W) over whole stages."""
+    schedule = build("zb-v", stages, micro_batches)
+    timeline = simulate(schedule, action_costs(schedule, cost, cost, cost), eager_sends=True)
+    assert timeline.makespan - 2 * micro_batches * 3 * cost == pytest.approx((stages - 1) * cost)
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):
@@ -270,8 +325,7 @@ def test_cli_answers_a_bad_value_with_one_line_and_exit_code_2(capsys, argv, mes
 def test_lowering_stamps_what_the_wire_needs(name):
     """Each send and its receive carry the same tag and boundary; tags differ between
     messages, and the handshake's free tag is none of them."""
-    chunks = 2 if name == "interleaved-1f1b" else 1
-    schedule = lower(make_schedule(name, 3, 6, chunks))
+    schedule = build(name, 3, 6)
     stamps = {}
     for rank, actions in enumerate(schedule.actions):
         for a in actions:

@@ -1,8 +1,8 @@
-"""Every schedule trains the same weights as one process, for P in {2,3,4} and M in {P,2P,4P}.
+"""Every schedule trains the same weights as one process, for P in {2,3,4} and M from P to 4P.
 
 One mpiexec launch of 4 processes runs the whole matrix (tests/mpi_worker.py). The
-reference is one process training the whole batch at once; interleaved 1F1B needs 2P
-virtual stages, so it trains a deeper model (against its own reference).
+reference is one process training the whole batch at once; interleaved 1F1B and ZB-V need
+2P virtual stages, so they train a deeper model (against its own reference).
 """
 import os
 
@@ -13,13 +13,13 @@ from launch import load, run_many
 
 FLAGS = ["--data", "synthetic", "--hidden", "16", "--batch-size", "48", "--steps", "2",
          "--seed", "3", "--optimizer", "sgd", "--lr", "0.1", "--no-eval"]
-SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
-CASES = [(p, m) for p in (2, 3, 4) for m in (p, 2 * p, 4 * p)]
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
+CASES = [(2, 2), (2, 8), (3, 3), (3, 6), (4, 4), (4, 16)]   # M = P, and more
 
 
 def depth(schedule):
-    """Hidden layers: one block per virtual stage at P=4 (2 chunks per rank if interleaved)."""
-    return 7 if schedule == "interleaved-1f1b" else 3
+    """Hidden layers: one block per virtual stage at P=4 (2 chunks per rank: interleaved, ZB-V)."""
+    return 7 if schedule in ("interleaved-1f1b", "zb-v") else 3
 
 
 @pytest.fixture(scope="module")

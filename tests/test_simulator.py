@@ -1,7 +1,9 @@
 """The simulator replays blocking messages and names the ranks of a deadlock."""
+from dataclasses import replace
+
 import pytest
 
-from pipe.schedule import Action, Schedule, SCHEDULES, lower
+from pipe.schedule import Action, Schedule, SCHEDULES, lower, make_schedule
 from pipe.simulator import Deadlock, checked_schedule, simulate
 
 
@@ -45,8 +47,20 @@ def test_lowering_an_impossible_compute_order_fails():
 
 def test_unknown_schedule_name():
     with pytest.raises(ValueError, match=r"unknown schedule 'pipedream': choose one of gpipe, 1f1b, "
-                                         r"interleaved-1f1b, zb-h1"):
+                                         r"interleaved-1f1b, zb-h1, zb-v$"):
         checked_schedule("pipedream", 2, 4)
+
+
+def test_a_v_turn_computed_out_of_order_is_refused():
+    """The last rank of a V hands micro-batch 0 from virtual stage 1 to 2 itself: running
+    stage 2's forward first can never get its input."""
+    good = make_schedule("zb-v", 2, 3, 2)
+    swapped = [Action("F", 0, 1), Action("F", 0, 0)] + [a for a in good.actions[1]
+                                                         if (a.kind, a.mb) != ("F", 0)]
+    broken = replace(good, actions=[good.actions[0], swapped])
+    with pytest.raises(Deadlock, match=r"rank 1 runs F0:1 before the F of micro-batch 0 on "
+                                       r"virtual stage 1, on the same rank, whose output it needs"):
+        simulate(lower(broken))
 
 
 def test_costs_set_the_clock():

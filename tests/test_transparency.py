@@ -29,6 +29,7 @@ def runs(tmp_path_factory):
     configs = [(p * d, spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d))
                for s in SCHEDULES for p, d in LAYOUTS]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
+                (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
                 (2, spec(root, "time-2x1", stages=2, partition="time"))]
     done = run_many(configs)
@@ -61,6 +62,12 @@ def test_one_stage_equals_single_process(runs, plain):
 def test_time_balanced_partition_equals_single_process(runs, plain):
     """Every rank times the layers, the mean decides the split: the ranks must agree."""
     assert_same_weights(runs["time-2x1"][0], plain["sgd"][0])
+
+
+def test_zb_v_with_data_parallelism_equals_single_process(runs, plain):
+    """Two chunks per rank in a V (rank 1 hands its chunk 0's output to its chunk 1), two
+    replicas all-reducing both chunks' gradients."""
+    assert_same_weights(runs["zb-v-2x2"][0], plain["sgd"][0])
 
 
 def test_adam_pipeline_equals_single_process(runs, plain):

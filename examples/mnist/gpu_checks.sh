@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash examples/mnist/gpu_checks.sh [OUT_DIR]        (on a machine with 2+ GPUs and msrun)
+#   bash examples/mnist/gpu_checks.sh [OUT_DIR [SCHEDULE...]]   (2+ GPUs and msrun; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"
+SCHEDULES=${*:2}; SCHEDULES=${SCHEDULES:-gpipe 1f1b interleaved-1f1b zb-h1 zb-v}
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'
-for schedule in gpipe 1f1b interleaved-1f1b zb-h1; do
+for schedule in $SCHEDULES; do
   echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save $OUT/$schedule"
   msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
     --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save "$OUT/$schedule" > /dev/null 2>&1 \
