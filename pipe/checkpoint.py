@@ -75,19 +75,29 @@ def save_rank(where, layout, optimizer):
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
 
 
-def load_rank(where, meta, layout, optimizer):
-    """Load this rank's share of the checkpoint in `where`, refused unless it was saved
-    with the same layout."""
-    saved = {k: meta.get(k) for k in layout.describe()}
-    if saved != layout.describe():
-        raise CheckpointError(
-            f"checkpoint {where!r} was saved with {saved}, this run is {layout.describe()}: "
-            "resume with the same stages, data_parallel, schedule, chunks and partition")
-    for vs, chunk, names in zip(layout.virtual_stages, layout.chunks, layout.names):
-        values = ms.load_checkpoint(stage_file(where, vs))
+def load_rank(where, layout, optimizer):
+    """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
+    parameters and buffers come by whole-model name from the merged model, the optimizer
+    state (moments named after their parameters) from every stage's optimizer file. So a
+    run saved on 2 stages resumes on 3 stages x 2 replicas, or with another schedule or
+    split; only another model is refused."""
+    model = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
+    for chunk, names in zip(layout.chunks, layout.names):
         for p, name in zip(chunk.state, names):
-            p.set_data(values[name])
-    ms.load_param_into_net(optimizer, ms.load_checkpoint(optimizer_file(where, layout.stage)))
+            if name not in model or tuple(model[name].shape) != tuple(p.shape):
+                found = f"shape {tuple(model[name].shape)}" if name in model else "nothing"
+                raise CheckpointError(
+                    f"checkpoint {where!r} holds {found} for '{name}', this model has shape "
+                    f"{tuple(p.shape)}: it was saved from another model; resume with the "
+                    "model that saved it, or start without resuming")
+            p.set_data(model[name])
+    state = {}
+    for path in sorted(glob.glob(optimizer_file(where, "*"))):
+        state.update(ms.load_checkpoint(path))
+    missing, _ = ms.load_param_into_net(optimizer, state)
+    if missing:
+        raise CheckpointError(f"checkpoint {where!r} has no optimizer state {missing[:3]}: it was "
+                              "saved with another optimizer; resume with the one that saved it")
 
 
 def _sha256(path):

@@ -178,9 +178,10 @@ class PipelineEngine:
         self.barrier()
 
     def resume(self, directory):
-        """Load the newest checkpoint in `directory` (verified); returns its meta."""
+        """Load the newest checkpoint in `directory` (verified), saved with this layout or
+        any other; returns its meta."""
         where, meta = checkpoint.latest(directory)
-        checkpoint.load_rank(where, meta, self.layout, self.optimizer)
+        checkpoint.load_rank(where, self.layout, self.optimizer)
         self.step = meta["step"]
         return meta
 

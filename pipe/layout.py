@@ -60,7 +60,7 @@ class Layout:
             for k in range(len(self.params))]
 
     def describe(self):
-        """What a checkpoint must match to be resumed here."""
+        """The layout a checkpoint records in its meta.json (resuming may use another)."""
         c = self.config
         return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
                 "chunks": c.chunks, "bounds": [list(b) for b in self.all_bounds]}
