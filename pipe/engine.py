@@ -3,8 +3,9 @@
     engine = PipelineEngine(model, loss_fn, make_optimizer, PipelineConfig(stages=2, ...))
     loss = engine.train_step(inputs, labels)    # the global mini-batch, same on every rank
 
-Every rank builds the same full model (same seed), keeps its stage's layers (pipe.layout),
-and walks its list of schedule actions: F, B, W and the sends/receives between them. The
+Every rank builds the same full model (same seed) or, given layer builders, only its own
+layers (pipe.builders); it keeps its stage's layers (pipe.layout) and walks its list of
+schedule actions: F, B, W and the sends/receives between them. The
 engine itself decides nothing about order; `pipe.schedule` does (`python -m pipe` prints
 one).
 """
@@ -38,6 +39,7 @@ class _CompiledUpdate(nn.Cell):
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training.
 
+    `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
     `make_optimizer(params)` builds the optimizer over this rank's parameters. `wire`
     overrides the launcher's (pipe.comm.connect); `sample`, one micro-batch of inputs, is
     needed by partition="time" to time the layers.

@@ -1,17 +1,18 @@
 """What one rank runs: its stage and replica, its schedule, its model chunks.
 
-Every rank builds the same full model (same seed) and keeps the layers of its virtual
-stages (with v chunks per rank, rank r holds virtual stages r, P + r, ...: pipe.schedule).
+Every rank builds the same full model (same seed), or only its own layers when the model
+comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with v chunks per rank, rank r holds virtual stages r, P + r, ...: pipe.schedule).
 Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
 from every rank merge into one model; a weight used on two stages (a tied embedding and
 output head) is found by identity and listed with the ranks that hold a copy.
 """
 from dataclasses import dataclass
 
+from pipe.builders import LayerBuilders
+from pipe.chunk import Chunk
 from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
-from pipe.chunk import Chunk
 from pipe.topology import Topology
 
 __all__ = ["Layout", "build_layout", "plan"]
@@ -68,8 +69,16 @@ class Layout:
 
 def plan(model, loss_fn, config, wire, sample=None):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
+    `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
     `sample` (one micro-batch of inputs) is needed by partition="time" to time layers."""
-    check_model(model)
+    if isinstance(model, (list, tuple)):
+        model = LayerBuilders(model, config.seed)
+        if config.partition in ("parameters", "time"):
+            raise ValueError(f"partition={config.partition!r} weighs every layer, which a model "
+                             "given as layer builders does not build on every rank; use "
+                             "partition='uniform' or explicit layer counts per stage")
+    else:
+        check_model(model)
     topo = Topology(config.stages, config.data_parallel)
     topo.check_world_size(wire.size)
     costs = config.partition if config.partition != "time" else \
@@ -100,7 +109,8 @@ def build_layout(model, loss_fn, config, rank, costs):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
     params = [p for chunk in chunks for p in chunk.params]
-    tied = tied_weights(model, all_bounds, params, [p.name for p in params], lambda vs: [
-        topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
+    tied = {} if isinstance(model, LayerBuilders) else tied_weights(   # builders share nothing
+        model, all_bounds, params, [p.name for p in params],
+        lambda vs: [topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
     return Layout(config, topo, rank, schedule, lower(forward_only(schedule)), all_bounds,
                   chunks, bounds, names, tied)

@@ -9,7 +9,7 @@ from mindspore import nn, ops
 
 from pipe.chunk import is_plain_sequence, keeps_mask, leaves
 
-__all__ = ["check_model", "partition", "balance", "stage_bounds", "profile_layers", "timed_costs",
+__all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers", "timed_costs",
            "tied_weights"]
 
 
@@ -25,10 +25,11 @@ def check_model(model):
                         "block with the skip connection as one layer of a plain nn.SequentialCell")
     for i in range(len(model)):
         for layer in leaves([model[i]]):
-            _check_layer(i, layer)
+            check_layer(i, layer)
 
 
-def _check_layer(i, layer):
+def check_layer(i, layer):
+    """Refuse one layer (leaf `layer` of the model's layer i) that pipe could not train exactly."""
     inner = [type(c).__name__ for _, c in layer.cells_and_names() if "Dropout" in type(c).__name__]
     if inner and not keeps_mask(layer):
         raise TypeError(f"layer {i} ({type(layer).__name__}) draws random numbers inside "
@@ -141,10 +142,10 @@ def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform
     back into one that loads into it.
     """
     first, last = stage_bounds(model, stages, method)[stage]
+    layers = [model[i] for i in range(first, last)]
     names = {}
     for name, p in model.parameters_and_names():    # a tied weight keeps its first name
         names.setdefault(id(p), name)
-    layers = [model[i] for i in range(first, last)]
     params = {id(p): p for cell in layers for p in cell.trainable_params()}   # distinct, in order
     buffers = {id(p): p for cell in layers for p in cell.untrainable_params()}
     return layers, [names[i] for i in params] + [names[i] for i in buffers]

@@ -5,10 +5,13 @@
 every layout must train. Both start from the same weights, drawn from numpy (not from
 MindSpore's generator), and see the same batches.
 """
+import gc
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
+from pipe.builders import LayerBuilders
 from pipe.comm import MpiWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
@@ -27,6 +30,22 @@ def build_model(seed):
     return model
 
 
+def layer_builders():
+    """The same MLP as one builder per layer (pipe.builders): MindSpore's own initial
+    weights, drawn per layer from (seed, layer index)."""
+    pairs = list(zip(WIDTHS[:-2], WIDTHS[1:-1]))
+    return [lambda a=a, b=b: nn.SequentialCell([nn.Dense(a, b), nn.ReLU()]) for a, b in pairs] + \
+        [lambda: nn.Dense(WIDTHS[-2], WIDTHS[-1])]
+
+
+def model_parameters_held():
+    """Elements of every model Parameter alive in this process (whole-model names such as
+    `2.0.weight`; optimizer state, named `moment1.2.0.weight`, is not counted)."""
+    gc.collect()
+    return sum(o.size for o in gc.get_objects()      # type(), not isinstance: no weak proxies
+               if issubclass(type(o), ms.Parameter) and o.name[:1].isdigit())
+
+
 def batches(seed):
     rng = np.random.default_rng(seed + 1)
     return [(rng.standard_normal((BATCH, WIDTHS[0])).astype(np.float32),
@@ -41,9 +60,9 @@ def optimizer(name):
     return lambda params: nn.Adam(params, learning_rate=0.001)
 
 
-def plain_run(name, seed):
+def plain_run(name, seed, builders=False):
     """({whole-model parameter name: value}, every step's loss) of one plain process."""
-    model = build_model(seed)
+    model = LayerBuilders(layer_builders(), seed).whole() if builders else build_model(seed)
     names = dict(model.parameters_and_names())
     step = nn.TrainOneStepCell(nn.WithLossCell(model, LOSS), optimizer(name)(model.trainable_params()))
     losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
@@ -51,16 +70,19 @@ def plain_run(name, seed):
 
 
 def pipe_run(spec, communicator):
-    """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save"}) on the
-    ranks of `communicator`; saves the model after the last step. Returns the engine and
-    this rank's losses."""
+    """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save", and
+    "builders": the model as layer builders}) on the ranks of `communicator`; saves the
+    model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
-    config = PipelineConfig(batch_size=BATCH, **spec["config"])
+    config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
     data = batches(spec["seed"])
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
-    engine = PipelineEngine(build_model(spec["seed"]), LOSS, optimizer(spec["optimizer"]), config,
+    before = model_parameters_held()        # earlier runs in this process may hold theirs
+    model = layer_builders() if spec.get("builders") else build_model(spec["seed"])
+    engine = PipelineEngine(model, LOSS, optimizer(spec["optimizer"]), config,
                             MpiWire(120.0, communicator), sample=sample)
+    held = model_parameters_held() - before
     losses = [engine.train_step(x, y) for x, y in data]
     engine.save(spec["save"], STEPS)
-    return engine, losses
+    return engine, {"losses": losses, "parameters_held": held}

@@ -44,8 +44,8 @@ def waves(configs, world):
 
 def run(flags, communicator):
     if isinstance(flags, dict):
-        engine, losses = mlp_run.pipe_run(flags, communicator)
-        result, save = {"losses": losses}, flags["save"]
+        engine, result = mlp_run.pipe_run(flags, communicator)
+        save = flags["save"]
     else:
         args = train.parse_args(flags)
         result, save = train.train(args, MpiWire(120.0, communicator)), args.save

@@ -15,6 +15,7 @@ from mlp_run import build_model, plain_run
 SEED = 7
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
 SCHEDULES = ["gpipe", "1f1b"]
+BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
 
 
 def spec(root, name, optimizer="sgd", **config):
@@ -28,6 +29,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("transparency")
     configs = [(p * d, spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d))
                for s in SCHEDULES for p, d in LAYOUTS]
+    configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
+                         "builders": True}) for p, d, s in BUILDER_LAYOUTS]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
                 (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
@@ -40,7 +43,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain():
-    return {name: plain_run(name, SEED) for name in ("sgd", "adam")}
+    return {"sgd": plain_run("sgd", SEED), "adam": plain_run("adam", SEED),
+            "builders": plain_run("sgd", SEED, builders=True)}
 
 
 def assert_same_weights(got, want):
@@ -68,6 +72,24 @@ def test_zb_v_with_data_parallelism_equals_single_process(runs, plain):
     """Two chunks per rank in a V (rank 1 hands its chunk 0's output to its chunk 1), two
     replicas all-reducing both chunks' gradients."""
     assert_same_weights(runs["zb-v-2x2"][0], plain["sgd"][0])
+
+
+@pytest.mark.parametrize("stages,data_parallel,schedule", BUILDER_LAYOUTS)
+def test_layer_builders_train_like_one_process(runs, plain, stages, data_parallel, schedule):
+    """Each rank builds only its own layers, each seeded by (seed, layer index): every
+    layout starts from, and trains, the model one process builds from the same builders."""
+    assert_same_weights(runs[f"builders-{stages}x{data_parallel}"][0], plain["builders"][0])
+
+
+def test_each_rank_builds_only_its_layers(runs):
+    """Model parameters alive per rank (elements): the 4 blocks are 672, 1056, 1056 and 330;
+    given the whole nn.SequentialCell, every rank holds all 3114."""
+    held = lambda name: [r["parameters_held"] for _, r in sorted(runs[name][1].items())]
+    assert held("builders-1x1") == [3114]
+    assert held("builders-2x1") == [672 + 1056, 1056 + 330]
+    assert held("builders-4x1") == [672, 1056, 1056, 330]
+    assert held("builders-2x2") == [672 + 1056, 1056 + 330] * 2    # interleaved: blocks 0+2, 1+3
+    assert held("1f1b-4x1") == [3114] * 4
 
 
 def test_adam_pipeline_equals_single_process(runs, plain):
