@@ -14,7 +14,7 @@ from mlp_run import build_model, plain_run
 
 SEED = 7
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
-SCHEDULES = ["gpipe", "1f1b"]
+CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 1), ("gpipe", 2, 2), ("gpipe", 4, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
 
 
@@ -28,7 +28,7 @@ def runs(tmp_path_factory):
     """Every pipeline's saved weights and every rank's losses, all in one launch."""
     root = tmp_path_factory.mktemp("transparency")
     configs = [(p * d, spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d))
-               for s in SCHEDULES for p, d in LAYOUTS]
+               for s, p, d in CASES]
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
                          "builders": True}) for p, d, s in BUILDER_LAYOUTS]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
@@ -53,8 +53,7 @@ def assert_same_weights(got, want):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("stages,data_parallel", LAYOUTS)
+@pytest.mark.parametrize("schedule,stages,data_parallel", CASES)
 def test_pipeline_equals_single_process(runs, plain, schedule, stages, data_parallel):
     assert_same_weights(runs[f"{schedule}-{stages}x{data_parallel}"][0], plain["sgd"][0])
 
