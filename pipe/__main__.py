@@ -73,7 +73,7 @@ def main(argv=None):
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
-    name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: v for interleaved
+    name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
     try:
         config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
                                 schedule=name, chunks=args.chunks, batch_size=args.micro_batches)

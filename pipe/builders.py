@@ -1,6 +1,7 @@
 """A model given as one builder per layer: each rank builds only the layers it runs.
 
-    model = [lambda: nn.SequentialCell([nn.Dense(784, 256), nn.ReLU()]), ..., lambda: nn.Dense(256, 10)]
+    model = [lambda: nn.SequentialCell([nn.Dense(784, 256), nn.ReLU()]), ...,
+             lambda: nn.Dense(256, 10)]
     engine = PipelineEngine(model, loss_fn, make_optimizer, config)
 
 A model that does not fit in one process can then still be pipelined (DeepSpeed's

@@ -71,7 +71,8 @@ def save_rank(where, layout, optimizer):
     if layout.replica:
         return
     for vs, chunk, names in zip(layout.virtual_stages, layout.chunks, layout.names):
-        save_params(stage_file(where, vs), zip(names, chunk.state))
+        if chunk.state:                  # (a chunk of pooling and activations holds nothing)
+            save_params(stage_file(where, vs), zip(names, chunk.state))
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
 
 

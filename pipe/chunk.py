@@ -108,8 +108,9 @@ class _KeepMask(nn.Cell):
 
 class _Forward(nn.Cell):
     """(x, labels, scale, dropout masks) -> (output, residuals: each layer's input, a
-    dropout's mask, or a ReLU's output unless the next layer's input is that output). On the model's last chunk the output is (loss, d loss / d logits x scale): the
-    loss gradient is cheap, and starting the backward from it means the logits need not be
+    dropout's mask, or a ReLU's output unless the next layer's input is that output). On
+    the model's last chunk the output is (loss, d loss / d logits x scale): the loss
+    gradient is cheap, and starting the backward from it means the logits need not be
     kept."""
 
     def __init__(self, layers, loss_fn=None):

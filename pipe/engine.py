@@ -71,11 +71,11 @@ class PipelineEngine:
             self._handshake(batch)
         for chunk in self.chunks:
             chunk.zero_grads()
-        # The gradient arithmetic. The last stage starts each micro-batch's backward from
-        # d loss / d logits x 1/(M x D) (pipe.layout), each chunk sums its M micro-batches'
-        # weight gradients as they come (pipe.chunk), and the all-reduce sums over the D
-        # replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch mean, the
-        # gradient one process computes on the whole batch.
+        # The gradient arithmetic. The model's last chunk starts each micro-batch's backward
+        # from d loss / d logits x 1/(M x D) (pipe.layout), each chunk sums its M micro-
+        # batches' weight gradients as they come (pipe.chunk), and the all-reduce sums over
+        # the D replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch
+        # mean, the gradient one process computes on the whole batch.
         self._execute(self.schedule, self.p2p, batch)          # recv -> F -> send ... B, W
         replicas = layout.topo.data_parallel_ranks(layout.stage)
         world = tuple(range(layout.topo.world_size))

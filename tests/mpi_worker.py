@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 from mpi4py import MPI
 
@@ -62,7 +63,12 @@ for wave in waves(json.loads(sys.argv[1]), world.Get_size()):
     mine = [(first, flags) for first, ranks, flags in wave if first <= me < first + ranks]
     sub = world.Split(mine[0][0] if mine else MPI.UNDEFINED, me)
     if mine:
-        run(mine[0][1], sub)
+        try:
+            run(mine[0][1], sub)
+        except BaseException:            # end the whole launch now: ranks of other
+            traceback.print_exc()        # configurations would wait for this one forever
+            sys.stderr.flush()
+            world.Abort(1)
         sub.Free()
     done = world.Ibarrier()
     while not done.Test():      # idle ranks sleep instead of spinning on the 2 CI cores

@@ -174,6 +174,8 @@ def cnn(tmp_path_factory):
         run("zb-h1-3x1", 3, "--micro-batches", 2, "--stages", 3, "--schedule", "zb-h1"),
         run("gpipe-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--schedule", "gpipe"),
         run("clip-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--clip-grad-norm", 0.05),
+        run("own-single-m2", 1, "--micro-batches", 2, "--build", "own"),
+        run("own-zb-v-2x1", 2, "--micro-batches", 2, "--stages", 2, "--schedule", "zb-v", "--build", "own"),
     ]
     done = run_many(configs)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -190,6 +192,16 @@ def test_cnn_trains_like_one_process_with_its_statistics(cnn, layout):
     (got, _), (want, _) = cnn[layout], cnn["single-m2"]
     assert sorted(got) == sorted(want) and any("moving_mean" in name for name in want)
     assert_same(got, want, want)                    # weights and moving statistics
+
+
+def test_cnn_built_layer_by_layer_trains_like_one_process(cnn):
+    """`--build own`: each rank builds only its layers (pipe.builders), here under ZB-V's V
+    (rank 1 holds layers of both chunks); one process builds them all the same way."""
+    (got, _), (want, _) = cnn["own-zb-v-2x1"], cnn["own-single-m2"]
+    assert sorted(got) == sorted(want) and any("moving_mean" in name for name in want)
+    assert_same(got, want, want)
+    whole, _ = cnn["single-m2"]                     # built whole: other initial weights
+    assert max(np.abs(whole[n] - want[n]).max() for n in want if "weight" in n) > 1e-3
 
 
 def test_cnn_replicas_share_their_statistics(cnn):

@@ -85,10 +85,17 @@ def test_resume_after_a_kill_gives_the_uninterrupted_weights(tmp_path):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+SGD = ["--optimizer", "sgd", "--lr", "0.1"]
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
+    """2 steps on 2 stages saved: (directory, its step directory) with Adam (1F1B), and
+    with SGD (GPipe) under `sgd/`, in one launch."""
     where = tmp_path_factory.mktemp("saved")
-    done = run_example(2, *SMALL, "--stages", 2, "--steps", 2, "--save", where)
+    done = run_many([(2, [*SMALL, "--stages", 2, "--steps", 2, "--save", where]),
+                     (2, [*SMALL, *SGD, "--stages", 2, "--schedule", "gpipe", "--steps", 2,
+                          "--save", where / "sgd"])])
     assert done.returncode == 0, done.stderr[-2000:]
     with open(where / "latest") as f:
         return where, where / f.read().strip()
@@ -113,15 +120,12 @@ def test_resume_on_another_layout_equals_an_uninterrupted_run(saved, tmp_path):
     """Saved on 2 stages (1F1B, Adam; GPipe, SGD), resumed at step 2 on another layout and
     schedule: weights and optimizer state are resharded by whole-model name, and the run
     ends where an uninterrupted run of the new layout does."""
-    sgd = [*SMALL, "--optimizer", "sgd", "--lr", "0.1", "--steps", 4]
-    first = run_many([(2, [*sgd, "--stages", 2, "--schedule", "gpipe", "--steps", 2,
-                           "--save", tmp_path / "sgd-2x1"])])
-    assert first.returncode == 0, first.stderr[-2000:]
+    sgd = [*SMALL, *SGD, "--steps", 4]
     interleaved = ["--stages", 2, "--data-parallel", 2, "--schedule", "interleaved-1f1b"]
     three_by_two = ["--stages", 3, "--data-parallel", 2, "--micro-batches", 2]
     runs = {"adam-resumed": (4, [*SMALL, *interleaved, "--steps", 4, "--resume", saved[0]]),
             "adam-whole": (4, [*SMALL, *interleaved, "--steps", 4]),
-            "sgd-resumed": (6, [*sgd, *three_by_two, "--resume", tmp_path / "sgd-2x1"]),
+            "sgd-resumed": (6, [*sgd, *three_by_two, "--resume", saved[0] / "sgd"]),
             "sgd-whole": (6, [*sgd, *three_by_two])}
     done = run_many([(n, flags + ["--save", tmp_path / name]) for name, (n, flags) in runs.items()])
     assert done.returncode == 0, done.stderr[-2000:]

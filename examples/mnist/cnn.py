@@ -2,6 +2,7 @@
 
     python examples/mnist/train.py --model cnn
     mpiexec -n 2 python examples/mnist/train.py --model cnn --stages 2 --dropout 0.25
+    mpiexec -n 2 python examples/mnist/train.py --model cnn --stages 2 --build own
 
 It has what real models have and what a pipeline must get right: batch norm (moving
 statistics), a skip connection, dropout. The skip connection is one layer (`Residual`):
@@ -23,17 +24,19 @@ class Residual(nn.Cell):
         return x + self.block(x)
 
 
-def build_cnn(channels=8, dropout=0.25, classes=10):
-    """(B, 784) pixels -> 10 logits, in 11 layers (shapes in comments)."""
-    return nn.SequentialCell([
-        nn.Unflatten(1, (1, 28, 28)),                                  # (B, 1, 28, 28)
-        nn.Conv2d(1, channels, 3, pad_mode="same"),                    # (B, C, 28, 28)
-        nn.BatchNorm2d(channels),
-        nn.ReLU(),
-        nn.MaxPool2d(2, 2),                                            # (B, C, 14, 14)
-        Residual(channels),
-        nn.ReLU(),
-        nn.MaxPool2d(2, 2),                                            # (B, C, 7, 7)
-        nn.Flatten(),                                                  # (B, 49 C)
-        nn.Dropout(p=dropout),
-        nn.Dense(49 * channels, classes)])                             # (B, 10)
+def cnn_layers(channels=8, dropout=0.25, classes=10):
+    """(B, 784) pixels -> 10 logits: one builder per layer, 11 layers (shapes in comments).
+    Given as the model, each rank builds only its own layers (pipe.builders)."""
+    return [
+        lambda: nn.Unflatten(1, (1, 28, 28)),                          # (B, 1, 28, 28)
+        lambda: nn.Conv2d(1, channels, 3, pad_mode="same"),            # (B, C, 28, 28)
+        lambda: nn.BatchNorm2d(channels),
+        nn.ReLU,
+        lambda: nn.MaxPool2d(2, 2),                                    # (B, C, 14, 14)
+        lambda: Residual(channels),
+        nn.ReLU,
+        lambda: nn.MaxPool2d(2, 2),                                    # (B, C, 7, 7)
+        nn.Flatten,                                                    # (B, 49 C)
+        lambda: nn.Dropout(p=dropout),
+        lambda: nn.Dense(49 * channels, classes)]                      # (B, 10)
+

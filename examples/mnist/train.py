@@ -22,7 +22,7 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
-from cnn import build_cnn  # noqa: E402
+from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
@@ -61,6 +61,9 @@ def parse_args(argv=None):
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--build", choices=["whole", "own"], default="whole",
+                   help="whole: every rank builds the whole model; own: only its own layers, "
+                        "each seeded by (--seed, layer index)")
     p.add_argument("--layers", type=positive_int, default=3, help="hidden layers L")
     p.add_argument("--hidden", type=positive_int, default=256, help="hidden width H")
     p.add_argument("--dropout", type=_probability, default=0.25, help="the CNN's dropout rate")
@@ -90,18 +93,21 @@ def parse_args(argv=None):
     return args
 
 
-def build_model(layers, hidden, inputs=784, init="he_uniform"):
-    """inputs -> layers x (Dense hidden + ReLU) -> Dense 10: a SequentialCell of L+1 blocks.
+def mlp_layers(layers, hidden, inputs=784, init="he_uniform"):
+    """inputs -> layers x (Dense hidden + ReLU) -> Dense 10: one builder per block (L+1).
     `init` is nn.Dense's weight initializer; with the default, the weights are nn.Dense's."""
-    blocks, width = [], inputs
     def dense(n_in, n_out):
         return nn.Dense(n_in, n_out) if init == "he_uniform" else \
             nn.Dense(n_in, n_out, weight_init=init, bias_init=init)
-    for _ in range(layers):
-        blocks.append(nn.SequentialCell([dense(width, hidden), nn.ReLU()]))
-        width = hidden
-    blocks.append(dense(width, 10))
-    return nn.SequentialCell(blocks)
+    widths = [inputs] + [hidden] * layers
+    blocks = [lambda n_in=n_in: nn.SequentialCell([dense(n_in, hidden), nn.ReLU()])
+              for n_in in widths[:-1]]
+    return blocks + [lambda: dense(widths[-1], 10)]
+
+
+def build_model(layers, hidden, inputs=784, init="he_uniform"):
+    """The MLP built whole, as an nn.SequentialCell."""
+    return nn.SequentialCell([build() for build in mlp_layers(layers, hidden, inputs, init)])
 
 
 def train(args, wire=None):
@@ -112,7 +118,8 @@ def train(args, wire=None):
     ms.set_device(device)
     ms.set_seed(args.seed)
 
-    model = build_model(args.layers, args.hidden) if args.model == "mlp" else build_cnn(dropout=args.dropout)
+    layers = mlp_layers(args.layers, args.hidden) if args.model == "mlp" else cnn_layers(dropout=args.dropout)
+    model = layers if args.build == "own" else nn.SequentialCell([build() for build in layers])
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     if args.optimizer == "sgd":
         make_optimizer = lambda params: nn.SGD(params, learning_rate=args.lr)
