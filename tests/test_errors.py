@@ -47,6 +47,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "examples/mnist/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),
+    ([sys.executable, "examples/mnist/project.py", "docs/traces/trace-large-2x1-1f1b.json",
+      "--schedule", "pipedream"],
+     "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "
+     "zb-v\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
