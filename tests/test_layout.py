@@ -1,4 +1,5 @@
 """pipe.layout: what one rank runs, named as in the whole model (in process, no MPI)."""
+import pytest
 from mindspore import nn
 
 from pipe.config import PipelineConfig
@@ -27,3 +28,13 @@ def test_the_second_replica_runs_the_same_stage_on_other_rows():
     layout = build_layout(model, nn.MSELoss(), config, 4, "uniform")
     assert (layout.stage, layout.replica, layout.virtual_stages) == (1, 1, [1])
     assert layout.topo.data_parallel_ranks(layout.stage) == (1, 4)
+
+
+def test_more_virtual_stages_than_layers_is_refused_naming_stages_and_chunks():
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
+    config = PipelineConfig(stages=2, micro_batches=2, batch_size=2, schedule="zb-v")
+    with pytest.raises(ValueError) as err:
+        build_layout(model, nn.MSELoss(), config, 0, "uniform")
+    assert str(err.value) == ("cannot split 3 layers into stages=2 x chunks=2 = 4 virtual stages: "
+                              "every one needs at least one layer; use fewer stages or chunks, or "
+                              "a deeper model")
