@@ -220,14 +220,14 @@ def zb_v(stages, micro_batches):
                 done[(kind, chunk)] = mb + 1
                 order.append(Action(kind, mb, chunk))
 
-        run(*[("F", 0)] * (2 * (stages - rank) - 1))
+        run(*[("F", 0)] * (2 * (stages - rank) - 1))                    # warm-up
         run(*[("F", 1), ("F", 0)] * rank)
         run(*[("F", 1), ("B", 1), ("W", 1)] * (stages - rank))
-        while done[("F", 0)] < padded or done[("F", 1)] < done[("F", 0)]:
+        while done[("F", 0)] < padded or done[("F", 1)] < done[("F", 0)]:   # steady
             if done[("F", 0)] < padded:
                 run(("F", 0))
             run(("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
-        run(*[("B", 0), ("B", 1)] * rank)
+        run(*[("B", 0), ("B", 1)] * rank)                                 # cool-down
         run(*[("B", 0), ("W", 0)] * (stages - rank))
         run(*[("W", 1)] * (padded - done[("W", 1)]), *[("W", 0)] * (padded - done[("W", 0)]))
         actions.append([a for a in order if a.mb < micro_batches])
