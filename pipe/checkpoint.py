@@ -70,7 +70,7 @@ def save_rank(where, layout, optimizer):
     (written by replica 0 only: the replicas hold the same)."""
     if layout.replica:
         return
-    for vs, chunk, names in zip(layout.virtual_stages, layout.chunks, layout.names):
+    for vs, chunk, names in zip(layout.virtual_stages_held, layout.chunks, layout.names):
         if chunk.state:                  # (a chunk of pooling and activations holds nothing)
             save_params(stage_file(where, vs), zip(names, chunk.state))
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())

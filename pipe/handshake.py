@@ -102,7 +102,8 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world):
                 failure = (vs, *problem, spec_in)
         specs[vs], specs[vs + 1] = spec_in, spec_out
         if vs < V - 1 and schedule.rank_of(vs + 1) != me:
-            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)], schedule.free_tag)
+            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)],
+                      schedule.free_tag)
     # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it
     # got), and the model's output spec for predict. Rows are summed, so each rank fills
     # only its own.

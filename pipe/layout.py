@@ -1,12 +1,15 @@
 """What one rank runs: its stage and replica, its schedule, its model chunks.
 
 Every rank builds the same full model (same seed), or only its own layers when the model
-comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with v chunks per rank, rank r holds virtual stages r, P + r, ...: pipe.schedule).
+comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with
+v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in ZB-V's
+V: pipe.schedule).
 Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
 from every rank merge into one model; a weight used on two stages (a tied embedding and
 output head) is found by identity and listed with the ranks that hold a copy.
 """
 from dataclasses import dataclass
+from functools import cached_property
 
 from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk
@@ -39,20 +42,21 @@ class Layout:
     def replica(self):
         return self.topo.replica_of(self.rank)
 
-    @property
+    @cached_property                     # (the chunks are fixed: read every step)
     def params(self):
         return [p for chunk in self.chunks for p in chunk.params]
 
-    @property
+    @cached_property
     def buffers(self):
         return [b for chunk in self.chunks for b in chunk.buffers]
 
     @property
-    def virtual_stages(self):
-        """The virtual stage of each of this rank's chunks."""
+    def virtual_stages_held(self):
+        """The virtual stage of each of this rank's chunks (Schedule.virtual_stages counts
+        them all)."""
         return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
-    @property
+    @cached_property
     def counted(self):
         """Per parameter: whether this rank adds it to the global gradient norm (a tied
         weight on only one rank of its replica)."""

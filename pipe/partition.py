@@ -9,8 +9,8 @@ from mindspore import nn, ops
 
 from pipe.chunk import is_plain_sequence, keeps_mask, leaves
 
-__all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers", "timed_costs",
-           "tied_weights"]
+__all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
+           "timed_costs", "tied_weights"]
 
 
 def check_model(model):

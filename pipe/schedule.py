@@ -323,11 +323,18 @@ def lower(schedule):
                     break
         return moved
 
-    def advance(rank, carry_sends):
-        """Run the rank's next compute once its receives are done (and its sends, unless
+    def ready(rank, carry_sends):
+        """The rank's next compute may run: its receives are done (and its sends, unless
         they may be carried past it)."""
-        if recvs[rank] or (sends[rank] and not carry_sends) or position[rank] == len(compute[rank]):
+        return (position[rank] < len(compute[rank]) and not recvs[rank]
+                and (carry_sends or not sends[rank]))
+
+    def advance_least_computed(carry_sends):
+        """Run the next compute of the ready rank that has computed least; False if none."""
+        able = [r for r in range(ranks) if ready(r, carry_sends)]
+        if not able:
             return False
+        rank = min(able, key=lambda r: position[r])
         action = compute[rank][position[rank]]
         out[rank].append(action)
         position[rank] += 1
@@ -336,14 +343,10 @@ def lower(schedule):
             recvs[rank] = _messages(schedule, rank, compute[rank][position[rank]])[0]
         return True
 
-    def least_computed(carry_sends):
-        able = [r for r in range(ranks) if position[r] < len(compute[r]) and not recvs[r]
-                and (carry_sends or not sends[r])]
-        return advance(min(able, key=lambda r: position[r]), carry_sends) if able else False
-
     while any(position[r] < len(compute[r]) or sends[r] or recvs[r] for r in range(ranks)):
-        moved = any([pair(rank) for rank in range(ranks)])
-        if not least_computed(carry_sends=False) and not moved and not least_computed(carry_sends=True):
+        moved = any([pair(rank) for rank in range(ranks)])     # a list: every rank pairs
+        if not advance_least_computed(carry_sends=False) and not moved and \
+                not advance_least_computed(carry_sends=True):
             stuck = {r: [str(a) for a in sends[r] + recvs[r]] for r in range(ranks) if sends[r] or recvs[r]}
             raise ValueError(f"schedule {schedule.name!r} can never complete: messages that no "
                              f"rank will ever pair, per rank: {stuck}")

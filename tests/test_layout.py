@@ -13,7 +13,7 @@ def test_a_rank_holds_its_chunks_under_whole_model_names():
     layout = build_layout(model, nn.MSELoss(), config, 1, "uniform")
     assert (layout.stage, layout.replica, layout.schedule.name) == (1, 0, "interleaved-1f1b")
     assert layout.all_bounds == [(0, 2), (2, 4), (4, 6), (6, 8)]
-    assert layout.bounds == [(2, 4), (6, 8)] and layout.virtual_stages == [1, 3]
+    assert layout.bounds == [(2, 4), (6, 8)] and layout.virtual_stages_held == [1, 3]
     assert layout.names == [["2.weight", "2.bias"], ["6.weight", "6.bias", "7.weight", "7.bias"]]
     assert [p.name for p in layout.params] == ["2.weight", "2.bias", "6.weight", "6.bias",
                                                "7.weight", "7.bias"]
@@ -26,7 +26,7 @@ def test_the_second_replica_runs_the_same_stage_on_other_rows():
     model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
     config = PipelineConfig(stages=3, data_parallel=2, micro_batches=2, batch_size=4)
     layout = build_layout(model, nn.MSELoss(), config, 4, "uniform")
-    assert (layout.stage, layout.replica, layout.virtual_stages) == (1, 1, [1])
+    assert (layout.stage, layout.replica, layout.virtual_stages_held) == (1, 1, [1])
     assert layout.topo.data_parallel_ranks(layout.stage) == (1, 4)
 
 
