@@ -27,8 +27,8 @@ done
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
 case "$IMPL" in pipe|builtin|all) ;; *) bad "--impl $IMPL: use pipe, builtin or all" ;; esac
-case "$SCHEDULE" in gpipe|1f1b|interleaved-1f1b|zb-h1|zb-v|all) ;;
-  *) bad "--schedule $SCHEDULE: use gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v or all" ;; esac
+NAMES=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
+[[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
 [[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"
 [[ -z "$DEVICES" || "$DEVICES" =~ ^[1-9][0-9]*$ ]] || bad "--devices $DEVICES: use a positive integer"
@@ -84,8 +84,10 @@ for model in small large; do
       wanted "$IMPL" pipe && launch $n $SIZE --data-parallel $D --micro-batches 1
       continue
     fi
-    for schedule in gpipe 1f1b interleaved-1f1b zb-h1 zb-v; do
+    for schedule in $NAMES; do
       wanted "$SCHEDULE" $schedule && wanted "$IMPL" pipe || continue
+      if [ $schedule = dualpipe-v ] && [ $M -lt $((2 * P)) ]; then
+        echo "  pipe ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
       extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
       echo "  pipe ${P}x${D} $schedule M=$M"
       launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra

@@ -8,7 +8,7 @@ engine only executes it. Printing `format_table()` shows the step x rank grid.
 from dataclasses import dataclass, field, replace
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_v",
-           "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower", "message_key",
+           "dualpipe_v", "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower", "message_key",
            "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
@@ -235,14 +235,92 @@ def zb_v(stages, micro_batches):
                     v_shape=True)
 
 
+def dualpipe_v(stages, micro_batches):
+    """DualPipeV (DeepSeek-AI's DualPipe cut in half by Sea AI Lab; DeepSeek's dualpipev.py):
+    ZB-V's V placement, with the steady state pairing a forward on one chunk with a whole
+    backward (B then W) on the other. DualPipe overlaps each pair's compute with the other's
+    communication (MoE all-to-all); a rank here runs the pair one after the other. Rank r's
+    eight phases (W: the oldest weight gradient still waiting):
+
+        1 nF0       2(P-r-1) x F chunk 0
+        2 nF0F1     r+1 x (F chunk 0, F chunk 1)
+        3 nB1W1F1   P-r-1 x (B chunk 1 and its W later, W, F chunk 1)
+        4 main      M-2P+r+1 x (F chunk 0 with B W chunk 1, F chunk 1 with B W chunk 0)
+        5 nB1F1B0   P-r-1 x (B W chunk 1, F chunk 1 with B W chunk 0)
+        6 nB1B0     r+1 x (B chunk 1, B chunk 0), their W waiting from the middle pair on
+        7 nWB0      P-r-1 x (W, B chunk 0 and its W later)
+        8 nW        the r+1 W still waiting
+
+    It needs M >= 2P. With F = B = W (each one chunk's) a rank idles (P-1) F, like ZB-V,
+    and holds 2P+1 chunk micro-batches, one more (DualPipe's "PP+1"). DualPipe's published
+    bubble, (P-1)(F&B + B - 3W) with B the whole backward, counts a pair as one unit: run
+    one after the other here, a forward need not wait for its pair's gradient, and the
+    bubble is never larger. P=2, M=4:
+
+        step   0    1    2    3    4    5    6    7    8    9    10   11   12
+        rank0: F0   F1   F2   F0:1 B0:1 W0:1 F1:1 F3   B1:1 W1:1 F2:1 B0   W0
+        rank1: .    F0   F0:1 F1   F1:1 F2   B0:1 W0:1 F2:1 B0   W0   F3   B1:1
+        step   13   14   15   16   17   18   19   20   21   22   23   24
+        rank0: B2:1 W2:1 F3:1 B1   W1   B3:1 W3:1 B2   W2   .    B3   W3
+        rank1: W1:1 F3:1 B1   W1   B2:1 W2:1 B2   W2   B3:1 B3   W3:1 W3
+    """
+    if micro_batches < 2 * stages:
+        raise ValueError(f"dualpipe-v needs at least 2 x stages = {2 * stages} micro-batches, got "
+                         f"micro_batches={micro_batches}: use micro_batches={2 * stages}, or "
+                         "schedule='zb-v'")
+    P, M = stages, micro_batches
+    actions = []
+    for r in range(P):
+        done, order, waiting = {}, [], []
+
+        def take(kind, chunk):
+            mb = done.get((kind, chunk), 0)
+            done[(kind, chunk)] = mb + 1
+            return mb
+
+        def F(chunk):
+            order.append(Action("F", take("F", chunk), chunk))
+
+        def B(chunk, w_later=False):
+            """The input gradient, then its W at once or (w_later) when W() takes it."""
+            mb = take("B", chunk)
+            order.append(Action("B", mb, chunk))
+            (waiting if w_later else order).append(Action("W", mb, chunk))
+
+        def W():
+            order.append(waiting.pop(0))
+
+        for _ in range(2 * (P - r - 1)):                 # 1 nF0
+            F(0)
+        for _ in range(r + 1):                           # 2 nF0F1
+            F(0), F(1)
+        for _ in range(P - r - 1):                       # 3 nB1W1F1
+            B(1, w_later=True), W(), F(1)
+        for _ in range(M - 2 * P + r + 1):               # 4 main: nF0B1F1B0
+            F(0), B(1), F(1), B(0)
+        for _ in range(P - r - 1):                       # 5 nB1F1B0
+            B(1), F(1), B(0)
+        middle = (r + 1) // 2
+        for i in range(r + 1):                           # 6 nB1B0
+            B(1, w_later=i > middle or (i == middle and r % 2 == 1))
+            B(0, w_later=i >= middle)
+        for _ in range(P - r - 1):                       # 7 nWB0
+            W(), B(0, w_later=True)
+        while waiting:                                   # 8 nW
+            W()
+        actions.append(order)
+    return Schedule("dualpipe-v", stages, micro_batches, actions, chunks=2, split_backward=True,
+                    v_shape=True)
+
+
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
-             "zb-h1": zb_h1, "zb-v": zb_v}
-CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2}    # default chunks per rank; others run 1
+             "zb-h1": zb_h1, "zb-v": zb_v, "dualpipe-v": dualpipe_v}
+CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}    # default chunks per rank; others run 1
 
 
 def make_schedule(name, stages, micro_batches, chunks=1):
     """The named schedule's compute actions (`chunks` model chunks per rank: any number for
-    interleaved 1F1B, 2 for ZB-V, else 1)."""
+    interleaved 1F1B, 2 for ZB-V and DualPipeV, else 1)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved-1f1b":

@@ -50,7 +50,7 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "examples/mnist/project.py", "docs/traces/trace-large-2x1-1f1b.json",
       "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "
-     "zb-v\n"),
+     "zb-v, dualpipe-v\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)

@@ -127,6 +127,34 @@ step rank0 rank1
 23   W3    W3:1
 24   .     W3"""
 
+DUALPIPE_V_2x4 = """\
+step rank0 rank1
+0    F0    .
+1    F1    F0
+2    F2    F0:1
+3    F0:1  F1
+4    B0:1  F1:1
+5    W0:1  F2
+6    F1:1  B0:1
+7    F3    W0:1
+8    B1:1  F2:1
+9    W1:1  B0
+10   F2:1  W0
+11   B0    F3
+12   W0    B1:1
+13   B2:1  W1:1
+14   W2:1  F3:1
+15   F3:1  B1
+16   B1    W1
+17   W1    B2:1
+18   B3:1  W2:1
+19   W3:1  B2
+20   B2    W2
+21   W2    B3:1
+22   .     B3
+23   B3    W3:1
+24   W3    W3"""
+
 
 def test_gpipe_table():
     assert format_table(lower(SCHEDULES["gpipe"](4, 8))) == GPIPE_4x8
@@ -149,6 +177,21 @@ def test_zb_h1_table():
 def test_zb_v_table():
     """A V: rank 0 holds virtual stages 0 and 3, rank 1 stages 1 and 2 (no message between)."""
     assert format_table(lower(make_schedule("zb-v", 2, 4, 2))) == ZB_V_2x4
+
+
+def test_dualpipe_v_table():
+    """ZB-V's placement; the main phase pairs F on one chunk with B W on the other."""
+    assert format_table(lower(make_schedule("dualpipe-v", 2, 4, 2))) == DUALPIPE_V_2x4
+
+
+def test_dualpipe_v_phases_on_rank_0():
+    """DeepSeek's eight phases for P=3, M=6, rank 0: nF0, nF0F1, nB1W1F1, the main phase
+    (F0 with B1 W1, F1 with B0 W0), nB1F1B0, nB1B0 (W waiting from the middle pair on),
+    nWB0, nW."""
+    order = " ".join(str(a) for a in make_schedule("dualpipe-v", 3, 6, 2).actions[0])
+    assert order == ("F0 F1 F2 F3 " "F4 F0:1 " "B0:1 W0:1 F1:1 B1:1 W1:1 F2:1 "
+                     "F5 B2:1 W2:1 F3:1 B0 W0 " "B3:1 W3:1 F4:1 B1 W1 B4:1 W4:1 F5:1 B2 W2 "
+                     "B5:1 W5:1 B3 " "W3 B4 W4 B5 " "W5")
 
 
 def test_v_shape_places_chunk_1_on_the_way_back():
@@ -198,6 +241,11 @@ def test_schedule_invariants(name, stages, micro_batches):
         with pytest.raises(ValueError, match="interleaved 1F1B needs at least 2 stages"):
             build(name, stages, micro_batches)
         return
+    if name == "dualpipe-v" and micro_batches < 2 * stages:
+        with pytest.raises(ValueError, match=f"got micro_batches={micro_batches}: use "
+                                             f"micro_batches={2 * stages}, or schedule='zb-v'$"):
+            build(name, stages, micro_batches)
+        return
     schedule = build(name, stages, micro_batches)
     kinds = "FBW" if schedule.split_backward else "FB"
     for rank, actions in enumerate(schedule.actions):
@@ -218,6 +266,8 @@ def test_schedule_invariants(name, stages, micro_batches):
             assert peak == stages and peak_in_flight(schedule, rank, through="B") == stages - rank
         elif name == "zb-v":                              # 2P chunks of half a stage
             assert peak <= 2 * stages
+        elif name == "dualpipe-v":                        # one more: DualPipe's PP+1
+            assert peak == 2 * stages + 1
     sends, recvs = message_pairs(schedule)
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
     crossings = schedule.virtual_stages - 1 - schedule.v_shape   # ZB-V's turn is on one rank
@@ -284,6 +334,7 @@ gpipe                     0.2000         8  4 4
 interleaved-1f1b (v=2)    0.1111        24  2.5 1.5
 zb-h1                     0.0769         8  2 2
 zb-v                      0.0400        16  2 2
+dualpipe-v                0.0400        16  2.5 2.5
 """
 
 
@@ -295,6 +346,21 @@ def test_zb_v_idles_half_of_zb_h1(stages, micro_batches, cost):
     schedule = build("zb-v", stages, micro_batches)
     timeline = simulate(schedule, action_costs(schedule, cost, cost, cost), eager_sends=True)
     assert timeline.makespan - 2 * micro_batches * 3 * cost == pytest.approx((stages - 1) * cost)
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (3, 6), (4, 9), (4, 16), (8, 16)])
+@pytest.mark.parametrize("costs", [(1, 1, 1), (0.5, 0.5, 0.5), (1, 2, 1), (2, 2, 1), (1, 1.5, 0.5)])
+def test_dualpipe_v_bubble(stages, micro_batches, costs):
+    """With F = B = W a rank idles (P-1) F, as in ZB-V; with any costs, never more than
+    DualPipe's published (P-1)(F&B + B - 3W) for a pair run one after the other
+    (F&B = F + B + W, its B the whole backward B + W)."""
+    f, b, w = costs
+    schedule = build("dualpipe-v", stages, micro_batches)
+    timeline = simulate(schedule, action_costs(schedule, f, b, w), eager_sends=True)
+    idle = timeline.makespan - 2 * micro_batches * (f + b + w)
+    if f == b == w:
+        assert idle == pytest.approx((stages - 1) * f)
+    assert idle <= (stages - 1) * ((f + b + w) + (b + w) - 3 * w) + 1e-9
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):

@@ -1,8 +1,8 @@
 """The schedules train the same weights as one process, for P in {2,3,4} and M from P to 4P.
 
 One mpiexec launch of 4 processes runs the whole matrix (tests/mpi_worker.py). The
-reference is one process training the whole batch at once; interleaved 1F1B and ZB-V need
-2P virtual stages, so they train a deeper model (against its own reference).
+reference is one process training the whole batch at once; interleaved 1F1B, ZB-V and
+DualPipeV need 2P virtual stages, so they train a deeper model (against its own reference).
 """
 import os
 
@@ -13,13 +13,15 @@ from launch import load, run_many
 
 FLAGS = ["--data", "synthetic", "--hidden", "16", "--batch-size", "48", "--steps", "2",
          "--seed", "3", "--optimizer", "sgd", "--lr", "0.1", "--no-eval"]
-SCHEDULES = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]   # GPipe: tests/test_transparency.py
-CASES = [(2, 2), (3, 6), (4, 16)]   # M = P, 2P, 4P
+SCHEDULES = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]   # GPipe: test_transparency
+CASES = [(s, p, m) for s in SCHEDULES
+         for p, m in ([(2, 4), (3, 6), (4, 8)] if s == "dualpipe-v"      # M >= 2P
+                      else [(2, 2), (3, 6), (4, 16)])]                   # M = P, 2P, 4P
 
 
 def depth(schedule):
-    """Hidden layers: one block per virtual stage at P=4 (2 chunks per rank: interleaved, ZB-V)."""
-    return 7 if schedule in ("interleaved-1f1b", "zb-v") else 3
+    """Hidden layers: one block per virtual stage at P=4 (2 chunks per rank: interleaved, V shapes)."""
+    return 7 if schedule in ("interleaved-1f1b", "zb-v", "dualpipe-v") else 3
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +31,13 @@ def runs(tmp_path_factory):
                for layers in sorted({depth(s) for s in SCHEDULES})]
     configs += [(p, FLAGS + ["--layers", depth(s), "--stages", p, "--micro-batches", m,
                              "--schedule", s, "--save", root / f"{s}-{p}-{m}"])
-                for s in SCHEDULES for p, m in CASES]
+                for s, p, m in CASES]
     done = run_many(configs)
     assert done.returncode == 0, done.stderr[-3000:]
     return {entry: load(os.path.join(root, entry, "model.ckpt")) for entry in os.listdir(root)}
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("stages,micro_batches", CASES)
+@pytest.mark.parametrize("schedule,stages,micro_batches", CASES)
 def test_schedule_trains_like_one_process(runs, schedule, stages, micro_batches):
     got, want = runs[f"{schedule}-{stages}-{micro_batches}"], runs[f"single-{depth(schedule)}"]
     assert sorted(got) == sorted(want)

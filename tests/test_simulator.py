@@ -47,7 +47,7 @@ def test_lowering_an_impossible_compute_order_fails():
 
 def test_unknown_schedule_name():
     with pytest.raises(ValueError, match=r"unknown schedule 'pipedream': choose one of gpipe, 1f1b, "
-                                         r"interleaved-1f1b, zb-h1, zb-v$"):
+                                         r"interleaved-1f1b, zb-h1, zb-v, dualpipe-v$"):
         checked_schedule("pipedream", 2, 4)
 
 

@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
                          "builders": True}) for p, d, s in BUILDER_LAYOUTS]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
                 (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
+                (4, spec(root, "dualpipe-v-2x2", schedule="dualpipe-v", stages=2, data_parallel=2)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
                 (2, spec(root, "time-2x1", stages=2, partition="time"))]
     done = run_many(configs)
@@ -71,6 +72,12 @@ def test_zb_v_with_data_parallelism_equals_single_process(runs, plain):
     """Two chunks per rank in a V (rank 1 hands its chunk 0's output to its chunk 1), two
     replicas all-reducing both chunks' gradients."""
     assert_same_weights(runs["zb-v-2x2"][0], plain["sgd"][0])
+
+
+def test_dualpipe_v_with_data_parallelism_equals_single_process(runs, plain):
+    """DualPipeV's W waits in a queue across chunks and micro-batches; both replicas'
+    accumulated gradients still sum to the whole batch's."""
+    assert_same_weights(runs["dualpipe-v-2x2"][0], plain["sgd"][0])
 
 
 @pytest.mark.parametrize("stages,data_parallel,schedule", BUILDER_LAYOUTS)

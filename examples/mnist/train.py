@@ -26,6 +26,7 @@ from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
+from pipe.schedule import SCHEDULES  # noqa: E402
 
 
 def positive_int(text):
@@ -56,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
     p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
     p.add_argument("--batch-size", type=positive_int, default=64, help="global mini-batch B")
-    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v")
+    p.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
