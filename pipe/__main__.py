@@ -6,7 +6,7 @@ or compare every schedule for one P, M and set of costs.
     python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
 
 The table and the bubble come from one simulated timeline with the costs it prints
-(`--cost F B W`, or measured from a recorded trace). Memory is counted per rank in
+(`--cost F B W`, or measured from a recorded trace, whose own bubble is printed beside). Memory is counted per rank in
 micro-batches of a whole stage's activations, held from F until the last backward piece
 (W, when the backward is split): an interleaved chunk holds 1/v of that.
 """
@@ -15,7 +15,8 @@ import sys
 
 from pipe import schedule as schedules
 from pipe.config import PipelineConfig, as_flags
-from pipe.simulator import Deadlock, checked_schedule, format_table, measured_costs, simulate
+from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble, measured_costs,
+                            simulate)
 
 
 def peaks(schedule):
@@ -44,13 +45,15 @@ def compare(stages, micro_batches, chunks, cost):
               + " ".join(f"{p:g}" for p in peaks(schedule)))
 
 
-def show(schedule, cost, lowered):
-    """One schedule: its table and bubble from one timeline, its memory and messages."""
+def show(schedule, cost, lowered, traced=None):
+    """One schedule: its table and bubble from one timeline, its memory and messages; next
+    to the bubble, the `traced` one measured in the trace the costs came from."""
     timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
     print(format_table(schedule, timeline))
     print(f"\ncosts: F={cost[0]:g} B={cost[1]:g} W={cost[2]:g} "
           f"({'B and W separate' if schedule.split_backward else 'B includes W'})")
-    print(f"bubble: {timeline.bubble:.4f}")
+    print(f"bubble: {timeline.bubble:.4f}" + (f" (measured in the trace: {traced:.4f})"
+                                              if traced is not None else ""))
     print("peak memory per rank (micro-batches, F until the last backward piece):",
           " ".join(f"{p:g}" for p in peaks(schedule)))
     for rank, actions in enumerate(schedule.actions):
@@ -79,6 +82,7 @@ def main(argv=None):
                                 schedule=name, chunks=args.chunks, batch_size=args.micro_batches)
         config.check()
         cost = measured_costs(args.measured) if args.measured else args.cost
+        traced = measured_bubble(args.measured) if args.measured else None
         if args.schedule == "all":
             return compare(args.stages, args.micro_batches, config.chunks, cost)
         schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks)
@@ -87,7 +91,7 @@ def main(argv=None):
         raise SystemExit(2)
     except Deadlock as e:
         raise SystemExit(str(e))
-    show(schedule, cost, args.lowered)
+    show(schedule, cost, args.lowered, traced)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from pipe.schedule import lower, make_schedule, message_key
 
-__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position", "checked_schedule"]
+__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position", "checked_schedule",
+           "measured_costs", "measured_bubble"]
 
 
 class Deadlock(RuntimeError):
@@ -155,15 +156,32 @@ def checked_schedule(name, stages, micro_batches, chunks=1):
     return schedule
 
 
+def _compute_spans(trace_path):
+    """The F, B and W spans of a recorded trace (pipe.trace), each {"name", "pid", "ts", "dur"}."""
+    import json
+    import re
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    return [e for e in events if e["ph"] == "X" and re.fullmatch(r"[FBW]\d+(:\d+)?", e["name"])]
+
+
 def measured_costs(trace_path):
     """(F, B, W) median durations from a recorded trace (pipe.trace). Without W actions in
     the trace, W is 0 and B is the whole backward."""
-    import json
-    import re
     import statistics
-    with open(trace_path) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    spans = _compute_spans(trace_path)
+
     def median(kind):
-        durations = [e["dur"] for e in events if re.fullmatch(kind + r"\d+(:\d+)?", e["name"])]
+        durations = [e["dur"] for e in spans if e["name"][0] == kind]
         return statistics.median(durations) / 1e3 if durations else 0.0
     return median("F"), median("B"), median("W")
+
+
+def measured_bubble(trace_path):
+    """The recorded step's bubble: the fraction of rank-time, from the first compute to the
+    last, that no F, B or W ran (what `Timeline.bubble` predicts)."""
+    spans = _compute_spans(trace_path)
+    start = min(e["ts"] for e in spans)
+    end = max(e["ts"] + e["dur"] for e in spans)
+    ranks = {e["pid"] for e in spans}
+    return 1 - sum(e["dur"] for e in spans) / (len(ranks) * (end - start))

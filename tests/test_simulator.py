@@ -1,10 +1,11 @@
 """The simulator replays blocking messages and names the ranks of a deadlock."""
+import json
 from dataclasses import replace
 
 import pytest
 
 from pipe.schedule import Action, Schedule, SCHEDULES, lower, make_schedule
-from pipe.simulator import Deadlock, checked_schedule, simulate
+from pipe.simulator import Deadlock, checked_schedule, measured_bubble, measured_costs, simulate
 
 
 def test_receive_without_send_is_a_deadlock():
@@ -70,3 +71,19 @@ def test_costs_set_the_clock():
     assert spans[0] == [(0, 1, "F0"), (1, 2, "F1"), (4, 6, "B0"), (7, 9, "B1")]
     assert spans[1] == [(1, 2, "F0"), (2, 4, "B0"), (4, 5, "F1"), (5, 7, "B1")]
     assert timeline.makespan == 9
+
+
+def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
+    """Medians of F, B, W (messages are not compute); the bubble is the rank-time between
+    the first and the last compute that none ran: here 2 ranks x 11 ms, 12 ms of it busy."""
+    def span(name, rank, start, dur):
+        return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
+    events = [span("F0", 0, 0, 2000), span("sF0", 0, 2000, 500), span("B0", 0, 8000, 2000),
+              span("F0", 1, 3000, 2000), span("B0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert measured_costs(trace) == (2.0, 2.0, 4.0)
+    assert measured_bubble(trace) == pytest.approx(1 - 12000 / (2 * 11000))
+    from pipe.__main__ import main
+    main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1", "--measured", str(trace)])
+    assert "bubble: 0.3333 (measured in the trace: 0.4545)\n" in capsys.readouterr().out
