@@ -51,6 +51,8 @@ def test_damaged_mnist_file_is_named(tmp_path):
       "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "
      "zb-v, dualpipe-v\n"),
+    ([sys.executable, "examples/mnist/build_memory.py", "own", "x"],
+     "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
