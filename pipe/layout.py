@@ -2,8 +2,8 @@
 
 Every rank builds the same full model (same seed), or only its own layers when the model
 comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with
-v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in ZB-V's
-V: pipe.schedule).
+v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in the V
+of ZB-V and DualPipeV: pipe.schedule).
 Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
 from every rank merge into one model; a weight used on two stages (a tied embedding and
 output head) is found by identity and listed with the ranks that hold a copy.

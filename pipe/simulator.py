@@ -107,8 +107,9 @@ def simulate(schedule, costs=None, eager_sends=False):
 
 
 def _check_local_input(schedule, position, rank, action, finished):
-    """ZB-V's last rank holds two neighbouring virtual stages: the tensor between them is
-    handed over on the rank, so its list must compute the producer first."""
+    """In a V (ZB-V, DualPipeV) the last rank holds two neighbouring virtual stages: the
+    tensor between them is handed over on the rank, so its list must compute the producer
+    first."""
     vs, step = schedule.virtual_stage(rank, action.chunk), {"F": -1, "B": 1}.get(action.kind)
     source = vs + step if step else None
     if source is None or not 0 <= source < schedule.virtual_stages or schedule.rank_of(source) != rank:
