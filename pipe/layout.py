@@ -98,16 +98,12 @@ def build_layout(model, loss_fn, config, rank, costs):
     P, M, v = config.stages, config.micro_batches, config.chunks
     schedule = checked_schedule(config.schedule, P, M, v)
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
-    if v > 1 and V > len(model):
-        raise ValueError(f"cannot split {len(model)} layers into stages={P} x chunks={v} = {V} "
-                         "virtual stages: every one needs at least one layer; use fewer stages "
-                         "or chunks, or a deeper model")
-    all_bounds = stage_bounds(model, V, costs)
+    all_bounds = stage_bounds(model, P, costs, chunks=v)
     scale = 1.0 / (M * config.data_parallel)
     chunks, bounds, names = [], [], []
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)
-        layers, chunk_names = partition(model, V, vs, costs)
+        layers, chunk_names = partition(model, all_bounds[vs])
         chunks.append(Chunk(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
                             grad_scale=scale, recompute=config.recompute,
                             first_layer=all_bounds[vs][0]))

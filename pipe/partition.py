@@ -99,17 +99,22 @@ def profile_layers(model, x, repeats=5, clock=time.perf_counter):
     return costs
 
 
-def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
-    """[(first, last + 1)] layer indices per stage.
+def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks=1):
+    """[(first, last + 1)] layer indices per virtual stage: `stages` x `chunks` of them.
 
     method: "uniform" (equal layer counts, the extra layers go to the first stages),
-    "parameters" (balance the parameter count), a list of layer counts per stage, or a
-    tuple of per-layer costs (from `profile_layers`) to balance.
+    "parameters" (balance the parameter count), a list of layer counts per virtual stage,
+    or a tuple of per-layer costs (from `profile_layers`) to balance.
     """
     layers = len(model)
-    if stages > layers:
-        raise ValueError(f"cannot split {layers} layers into stages={stages}: every stage needs "
-                         f"at least one layer; use stages={layers} or fewer, or a deeper model")
+    if stages * chunks > layers:
+        raise ValueError(
+            f"cannot split {layers} layers into stages={stages}: every stage needs at least one "
+            f"layer; use stages={layers} or fewer, or a deeper model" if chunks == 1 else
+            f"cannot split {layers} layers into stages={stages} x chunks={chunks} = "
+            f"{stages * chunks} virtual stages: every one needs at least one layer; use fewer "
+            "stages or chunks, or a deeper model")
+    stages *= chunks
     if isinstance(method, tuple):
         if len(method) != layers:
             raise ValueError(f"{len(method)} layer costs given for a model of {layers} layers")
@@ -133,15 +138,15 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform"):
     return bounds
 
 
-def partition(model: nn.SequentialCell, stages: int, stage: int, method="uniform"):
-    """The layers of `stage`, and the names that its parameters, then its buffers (batch
-    norm's moving statistics), have in the whole `model`: the order of `Chunk.params +
-    Chunk.buffers`.
+def partition(model: nn.SequentialCell, bounds):
+    """The layers from `bounds` (first, last + 1: one of `stage_bounds`), and the names
+    that their parameters, then their buffers (batch norm's moving statistics), have in the
+    whole `model`: the order of `Chunk.params + Chunk.buffers`.
 
     Names are taken from the unpartitioned model so that per-stage checkpoints merge
     back into one that loads into it.
     """
-    first, last = stage_bounds(model, stages, method)[stage]
+    first, last = bounds
     layers = [model[i] for i in range(first, last)]
     names = {}
     for name, p in model.parameters_and_names():    # a tied weight keeps its first name

@@ -64,9 +64,9 @@ def test_balance_minimises_the_slowest_stage():
 
 def test_stage_keeps_whole_model_parameter_names():
     model = nn.SequentialCell([nn.SequentialCell([nn.Dense(4, 4), nn.ReLU()]), nn.Dense(4, 2)])
-    layers, names = partition(model, 2, 1)
+    layers, names = partition(model, (1, 2))
     assert names == ["1.weight", "1.bias"]
-    assert partition(model, 2, 0)[1] == ["0.0.weight", "0.0.bias"]
+    assert partition(model, (0, 1))[1] == ["0.0.weight", "0.0.bias"]
 
 
 def test_topology_grid():
