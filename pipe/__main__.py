@@ -6,17 +6,17 @@ or compare every schedule for one P, M and set of costs.
     python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
 
 The table and the bubble come from one simulated timeline with the costs it prints
-(`--cost F B W`, or measured from a recorded trace, whose own bubble is printed beside). Memory is counted per rank in
-micro-batches of a whole stage's activations, held from F until the last backward piece
-(W, when the backward is split): an interleaved chunk holds 1/v of that.
+(`--cost F B W`, or measured from a recorded trace, whose own bubble is printed beside).
+Memory is counted per rank in micro-batches of a whole stage's activations, held from F
+until the last backward piece (W, when the backward is split): a chunk of v holds 1/v.
 """
 import argparse
 import sys
 
 from pipe import schedule as schedules
 from pipe.config import PipelineConfig, as_flags
-from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble, measured_costs,
-                            simulate)
+from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
+                            measured_costs, simulate)
 
 
 def peaks(schedule):

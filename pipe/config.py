@@ -24,7 +24,7 @@ class PipelineConfig:
     micro_batches: int = 1               # M: micro-batches per replica per step
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
-    chunks: Optional[int] = None         # v: model chunks per rank; None: 2 (interleaved, V shapes) or 1
+    chunks: Optional[int] = None         # v: model chunks per rank (None: pipe.schedule.CHUNKS)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend

@@ -151,7 +151,8 @@ class PipelineEngine:
 
     def _hand_on(self, key, step, tensor):
         """To the next (+1) or previous (-1) virtual stage: straight into its inbox when
-        this rank holds it too (the turn of a V: ZB-V, DualPipeV), else to the outbox for a send."""
+        this rank holds it too (the turn of ZB-V's and DualPipeV's V), else to the outbox
+        for a send."""
         kind, mb, chunk = key
         to = self.schedule.virtual_stage(self.layout.stage, chunk) + step
         if self.schedule.rank_of(to) == self.layout.stage:

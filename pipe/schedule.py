@@ -8,8 +8,8 @@ engine only executes it. Printing `format_table()` shows the step x rank grid.
 from dataclasses import dataclass, field, replace
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_v",
-           "dualpipe_v", "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower", "message_key",
-           "message_tag", "peak_in_flight"]
+           "dualpipe_v", "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower",
+           "message_key", "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
@@ -255,7 +255,7 @@ def dualpipe_v(stages, micro_batches):
     and holds 2P+1 chunk micro-batches, one more (DualPipe's "PP+1"). DualPipe's published
     bubble, (P-1)(F&B + B - 3W) with B the whole backward, counts a pair as one unit: run
     one after the other here, a forward need not wait for its pair's gradient, and the
-    bubble is never larger. P=2, M=4:
+    simulated bubble is no larger in any case tested. P=2, M=4:
 
         step   0    1    2    3    4    5    6    7    8    9    10   11   12
         rank0: F0   F1   F2   F0:1 B0:1 W0:1 F1:1 F3   B1:1 W1:1 F2:1 B0   W0
@@ -293,19 +293,28 @@ def dualpipe_v(stages, micro_batches):
         for _ in range(2 * (P - r - 1)):                 # 1 nF0
             F(0)
         for _ in range(r + 1):                           # 2 nF0F1
-            F(0), F(1)
+            F(0)
+            F(1)
         for _ in range(P - r - 1):                       # 3 nB1W1F1
-            B(1, w_later=True), W(), F(1)
+            B(1, w_later=True)
+            W()
+            F(1)
         for _ in range(M - 2 * P + r + 1):               # 4 main: nF0B1F1B0
-            F(0), B(1), F(1), B(0)
+            F(0)
+            B(1)
+            F(1)
+            B(0)
         for _ in range(P - r - 1):                       # 5 nB1F1B0
-            B(1), F(1), B(0)
+            B(1)
+            F(1)
+            B(0)
         middle = (r + 1) // 2
         for i in range(r + 1):                           # 6 nB1B0
             B(1, w_later=i > middle or (i == middle and r % 2 == 1))
             B(0, w_later=i >= middle)
         for _ in range(P - r - 1):                       # 7 nWB0
-            W(), B(0, w_later=True)
+            W()
+            B(0, w_later=True)
         while waiting:                                   # 8 nW
             W()
         actions.append(order)
@@ -315,7 +324,7 @@ def dualpipe_v(stages, micro_batches):
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
              "zb-h1": zb_h1, "zb-v": zb_v, "dualpipe-v": dualpipe_v}
-CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}    # default chunks per rank; others run 1
+CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}   # default chunks per rank; else 1
 
 
 def make_schedule(name, stages, micro_batches, chunks=1):

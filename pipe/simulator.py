@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from pipe.schedule import lower, make_schedule, message_key
 
-__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position", "checked_schedule",
-           "measured_costs", "measured_bubble"]
+__all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position",
+           "checked_schedule", "measured_costs", "measured_bubble"]
 
 
 class Deadlock(RuntimeError):

@@ -20,7 +20,8 @@ CASES = [(s, p, m) for s in SCHEDULES
 
 
 def depth(schedule):
-    """Hidden layers: one block per virtual stage at P=4 (2 chunks per rank: interleaved, V shapes)."""
+    """Hidden layers: one block per virtual stage at P=4 (interleaved and the V shapes run 2
+    chunks per rank)."""
     return 7 if schedule in ("interleaved-1f1b", "zb-v", "dualpipe-v") else 3
 
 

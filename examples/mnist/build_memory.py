@@ -35,7 +35,8 @@ config = PipelineConfig(stages=P, micro_batches=M, batch_size=B, device="GPU")
 engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                         lambda ps: nn.SGD(ps, learning_rate=1e-3), config, sample=x[:B // M])
 gc.collect()
-held = sum(o.size for o in gc.get_objects() if issubclass(type(o), ms.Parameter) and o.name[:1].isdigit())
+held = sum(o.size for o in gc.get_objects()          # the model's Parameters, not optimizer state
+           if issubclass(type(o), ms.Parameter) and o.name[:1].isdigit())
 before = ms.runtime.memory_allocated()
 engine.train_step(ms.Tensor(x), ms.Tensor(y))
 engine.train_step(ms.Tensor(x), ms.Tensor(y))
@@ -47,4 +48,5 @@ print("MEM " + json.dumps({
     "device_before_step_MiB": round(before / 2**20),
     "device_after_2_steps_MiB": round(ms.runtime.memory_allocated() / 2**20),
     "device_peak_MiB": round(ms.runtime.max_memory_allocated() / 2**20),
-    "host_peak_rss_MiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}), flush=True)
+    "host_peak_rss_MiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}),
+      flush=True)

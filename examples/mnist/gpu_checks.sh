@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"
-SCHEDULES=${*:2}; SCHEDULES=${SCHEDULES:-$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")}
+ALL=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
+SCHEDULES=${*:2}; SCHEDULES=${SCHEDULES:-$ALL}
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1

@@ -22,7 +22,8 @@ ms.set_seed(0)
 
 
 def blocks(n_in, count):
-    return [nn.SequentialCell([nn.Dense(n_in if i == 0 else H, H), nn.ReLU()]) for i in range(count)]
+    return [nn.SequentialCell([nn.Dense(n_in if i == 0 else H, H), nn.ReLU()])
+            for i in range(count)]
 
 
 class First(nn.Cell):
