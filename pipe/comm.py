@@ -75,13 +75,35 @@ class MpiWire:
         self.world.Abort(code)
 
     def send(self, tensor, dst, tag):
-        data = np.ascontiguousarray(tensor.asnumpy())
-        self._wait(self.world.Issend(data, dest=dst, tag=tag), f"send (tag {tag}) to rank {dst}")
+        self._send(tensor.asnumpy(), dst, tag)
 
     def recv(self, shape, dtype, src, tag):
+        return ms.Tensor(self._recv(shape, dtype, src, tag))
+
+    def _send(self, array, dst, tag):
+        data = np.ascontiguousarray(array)
+        self._wait(self.world.Issend(data, dest=dst, tag=tag), f"send (tag {tag}) to rank {dst}")
+
+    def _recv(self, shape, dtype, src, tag):
         data = np.empty(shape, WIRE_DTYPES[dtype])
         self._wait(self.world.Irecv(data, source=src, tag=tag), f"receive (tag {tag}) from rank {src}")
-        return ms.Tensor(data)
+        return data
+
+    def graph_send(self, dst, tag):
+        """A send that runs inside a compiled graph: mpi4py called from a pyfunc operator
+        (MindSpore's CPU has no Send kernel). It returns a token to order what follows."""
+        def send(x):
+            self._send(x, dst, tag)
+            return np.zeros((1,), np.float32)
+        return ms.ops.Custom(send, out_shape=lambda x: (1,), out_dtype=lambda x: ms.float32,
+                             func_type="pyfunc")
+
+    def graph_recv(self, shape, dtype, src, tag):
+        """A receive inside a compiled graph; its input (a token) orders it."""
+        def recv(token):
+            return self._recv(shape, dtype, src, tag)
+        return ms.ops.Custom(recv, out_shape=lambda token: tuple(shape),
+                             out_dtype=lambda token: dtype, func_type="pyfunc")
 
     def _group(self, ranks):
         if ranks not in self.groups:
@@ -126,6 +148,14 @@ class MindSporeWire:
     def recv(self, shape, dtype, src, tag):
         return self._op(("recv", src, tag, tuple(shape), dtype), lambda: ms.ops.Receive(
             tag, src, list(shape), dtype, group=self.world))()
+
+    def graph_send(self, dst, tag):
+        """ops.Send works inside a compiled graph as it is."""
+        return ms.ops.Send(tag, dst, group=self.world)
+
+    def graph_recv(self, shape, dtype, src, tag):
+        """ops.Receive inside a compiled graph; its optional input (a float32 token) orders it."""
+        return ms.ops.Receive(tag, src, list(shape), dtype, group=self.world)
 
     def all_reduce(self, tensor, ranks):
         if len(ranks) == 1:
@@ -175,3 +205,10 @@ class PointToPoint:
     def recv(self, action):
         shape, dtype = self.shapes[action.boundary]
         return self.wire.recv(shape, dtype, self.ranks[action.peer], action.tag)
+
+    def graph_op(self, action):
+        """The operator that carries `action` inside a compiled graph (pipe.step_graph)."""
+        if action.kind[0] == "s":
+            return self.wire.graph_send(self.ranks[action.peer], action.tag)
+        shape, dtype = self.shapes[action.boundary]
+        return self.wire.graph_recv(shape, dtype, self.ranks[action.peer], action.tag)

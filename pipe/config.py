@@ -31,6 +31,7 @@ class PipelineConfig:
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
+    one_graph: bool = False              # run each step as one compiled graph (pipe.step_graph)
 
     def __post_init__(self):
         if self.chunks is None:
@@ -44,6 +45,9 @@ class PipelineConfig:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
+        for name in ("recompute", "one_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if not 0 <= self.clip_grad_norm < float("inf"):
             raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
                              "positive finite number")

@@ -19,6 +19,7 @@ from pipe import allreduce, checkpoint, microbatch
 from pipe.comm import WireTimeout, connect
 from pipe.handshake import connect_stages
 from pipe.layout import plan
+from pipe.step_graph import StepGraph, check_supported
 from pipe.watchdog import PipelineError, Watch
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -50,11 +51,14 @@ class PipelineEngine:
         self.config = config
         self.wire = wire or connect(config.device, config.timeout)
         self.layout = plan(model, loss_fn, config, self.wire, sample)
+        if config.one_graph:
+            check_supported(self.layout)
         self.chunks, self.schedule = self.layout.chunks, self.layout.schedule
         self.optimizer = make_optimizer(self.layout.params)
         self._update = _CompiledUpdate(self.optimizer)
         self.watch = Watch(self.wire, self.layout.stage, self.layout.replica, config.timeout)
         self.p2p = None                  # set by the shape handshake before the first step
+        self._graph = None               # the step as one compiled graph, when config.one_graph
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.step = 0                    # optimizer steps taken (dropout masks depend on it)
         self._inbox, self._outbox = {}, {}  # tensors received / to send, by (F or B, mb, chunk)
@@ -76,7 +80,10 @@ class PipelineEngine:
         # batches' weight gradients as they come (pipe.chunk), and the all-reduce sums over
         # the D replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch
         # mean, the gradient one process computes on the whole batch.
-        self._execute(self.schedule, self.p2p, batch)          # recv -> F -> send ... B, W
+        if self.config.one_graph:                               # the same, as one call
+            self._run_graph(batch)
+        else:
+            self._execute(self.schedule, self.p2p, batch)      # recv -> F -> send ... B, W
         replicas = layout.topo.data_parallel_ranks(layout.stage)
         world = tuple(range(layout.topo.world_size))
         with self.watch.at("the all-reduce of the gradients"), self._span("all-reduce"):
@@ -123,6 +130,17 @@ class PipelineEngine:
         for i, action in enumerate(schedule.actions[self.layout.stage]):
             with self.watch.at((schedule, i)), self._span(str(action)):
                 self._run[action.kind](action, batch)
+
+    def _run_graph(self, batch):
+        """The step's actions as one compiled graph (pipe.step_graph), built at its first call."""
+        if self._graph is None:
+            self._graph = StepGraph(self.layout, self.p2p)
+        with self.watch.at("the step's compiled graph"), self._span("step graph"):
+            losses, grads, _ = self._graph(ms.mutable(tuple(batch.inputs)),
+                                           ms.mutable(tuple(batch.labels)))
+        for chunk, summed in zip(self.chunks, grads):
+            chunk.grads = summed
+        batch.outputs.extend(losses)
 
     def _span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()

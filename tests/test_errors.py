@@ -51,8 +51,6 @@ def test_damaged_mnist_file_is_named(tmp_path):
       "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "
      "zb-v, dualpipe-v\n"),
-    ([sys.executable, "examples/mnist/step_graph.py", "3"],
-     "error: micro-batches 3: use a divisor of the batch (64), e.g. 4\n"),
     ([sys.executable, "examples/mnist/build_memory.py", "own", "x"],
      "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
 ])

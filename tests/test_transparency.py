@@ -16,6 +16,8 @@ SEED = 7
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
 CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2), ("gpipe", 4, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
+ONE_GRAPH = [("1f1b", 4, 2), ("zb-h1", 4, 1), ("interleaved-1f1b", 2, 1), ("zb-v", 2, 2),
+             ("dualpipe-v", 2, 1)]
 
 
 def spec(root, name, optimizer="sgd", **config):
@@ -31,6 +33,8 @@ def runs(tmp_path_factory):
                for s, p, d in CASES]
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
                          "builders": True}) for p, d, s in BUILDER_LAYOUTS]
+    configs += [(p * d, spec(root, f"one-graph-{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d,
+                             one_graph=True)) for s, p, d in ONE_GRAPH]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
                 (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
                 (4, spec(root, "dualpipe-v-2x2", schedule="dualpipe-v", stages=2, data_parallel=2)),
@@ -96,6 +100,23 @@ def test_each_rank_builds_only_its_layers(runs):
     assert held("builders-4x1") == [672, 1056, 1056, 330]
     assert held("builders-2x2") == [672 + 1056, 1056 + 330] * 2    # interleaved: blocks 0+2, 1+3
     assert held("1f1b-4x1") == [3114] * 4
+
+
+@pytest.mark.parametrize("schedule,stages,data_parallel", ONE_GRAPH)
+def test_one_graph_step_equals_single_process(runs, plain, schedule, stages, data_parallel):
+    """The whole step as one compiled graph, messages inside it (pipe.step_graph): the same
+    weights, and every rank's losses the single process's."""
+    got, results = runs[f"one-graph-{schedule}-{stages}x{data_parallel}"]
+    assert_same_weights(got, plain["sgd"][0])
+    for result in results.values():
+        np.testing.assert_allclose(result["losses"], plain["sgd"][1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["1f1b-4x2", "zb-v-2x2"])
+def test_one_graph_step_is_bitwise_the_per_action_loop(runs, name):
+    """The same compiled cells in the same order: not one bit moves."""
+    got, want = runs[f"one-graph-{name}"][0], runs[name][0]
+    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
 
 
 def test_adam_pipeline_equals_single_process(runs, plain):

@@ -53,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--trace", metavar="FILE", help="record one extra step as Chrome trace JSON")
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
     p.add_argument("--recompute", action="store_true")
+    p.add_argument("--one-graph", action="store_true", help="each step as one compiled graph")
     return p.parse_args(argv)
 
 
@@ -112,7 +113,8 @@ def main(argv=None):
         ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=bool(args.trace) and device == "CPU")
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
-                                partition=args.partition, recompute=args.recompute, device=device)
+                                partition=args.partition, recompute=args.recompute, device=device,
+                                one_graph=args.one_graph)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                                 sample=x[:args.batch_size // (D * args.micro_batches)])
         rank, stage = engine.wire.rank, engine.layout.stage
@@ -138,7 +140,7 @@ def main(argv=None):
            "batch_size": args.batch_size, "rank": rank, "stage": stage,
            "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
            "peak_memory_bytes": peak_memory(device), "partition": args.partition,
-           "recompute": args.recompute}
+           "recompute": args.recompute, "one_graph": args.one_graph}
     if args.impl == "pipe":
         row["bounds"] = engine.layout.all_bounds
         row["peak_activation_bytes"] = sum(chunk.peak_bytes for chunk in engine.chunks)

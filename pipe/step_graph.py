@@ -1,0 +1,133 @@
+"""A rank's whole training step as one compiled graph, generated from its action list.
+
+The engine's loop (pipe.engine) makes one compiled call per F, B or W and one wire call per
+message; each costs the host 0.2-0.5 ms whatever the work (docs/benchmarks.md), which
+bounds small models and deep pipelines. `StepGraph` walks the same lowered list once,
+while MindSpore compiles: each action becomes the chunk's own compiled cell (pipe.chunk),
+inlined, and each message the wire's in-graph operator (`PointToPoint.graph_op`). The
+messages keep the list's order because each takes a token from the one before
+(`ops.depend`); the list's order is deadlock-free (pipe.simulator), so the graph is too.
+One call then runs the step: F, B, W and messages, the gradients summed per chunk.
+
+What needs the host between actions is refused: dropout (masks drawn on the host),
+layers with buffers (batch norm's statistics are put back after each backward) and
+recomputation. Per-action traces and the watchdog's action position need the loop too.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+__all__ = ["StepGraph", "check_supported"]
+
+F, B, W, SEND, RECV = range(5)
+CODES = {"F": F, "B": B, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
+
+
+def check_supported(layout):
+    """Refuse, with the reason, what the step graph cannot run exactly."""
+    if layout.config.recompute:
+        raise ValueError("one_graph cannot recompute activations (the backward's second forward "
+                         "is not in the graph); turn recompute or one_graph off")
+    for chunk in layout.chunks:
+        if chunk.dropouts:
+            raise ValueError("one_graph cannot run dropout: its masks are drawn on the host for "
+                             "each micro-batch; turn one_graph off")
+    if layout.buffers:
+        raise ValueError("one_graph cannot run layers with buffers (batch norm): their statistics "
+                         "are restored on the host after each backward; turn one_graph off")
+
+
+def _slot(kind, mb, chunk, chunks):
+    """The key of a tensor in flight: F (an activation) or B (a gradient), by micro-batch
+    and chunk."""
+    return ((mb * chunks + chunk) * 2) + (kind == "B")
+
+
+def encode(schedule, stage, chunks):
+    """Each action of `stage`'s lowered list as constant integers, what the graph branches
+    on while it is compiled: (code, micro-batch, chunk, takes, puts, index). `takes` is the
+    slot an action reads (-1: the micro-batch's input, or the loss gradient), `puts` the
+    slot it writes (-1: none); `index` is a message's place in the rank's messages, or for
+    a computation 1 when it starts its chunk's gradient sum."""
+    program, started, message = [], set(), 0
+    for action in schedule.actions[stage]:
+        code, mb, c = CODES[action.kind], action.mb, action.chunk
+        if code in (SEND, RECV):
+            program.append((code, mb, c, _slot(action.kind[1], mb, c, chunks), -1, message))
+            message += 1
+            continue
+        vs, kind = schedule.virtual_stage(stage, c), "B" if code == B else "F"
+        source, to = (vs - 1, vs + 1) if code == F else (vs + 1, vs - 1)
+        takes = _slot(kind, mb, c, chunks) if 0 <= source < schedule.virtual_stages else -1
+        puts = -1
+        if 0 <= to < schedule.virtual_stages:     # to its next virtual stage: here, or a send
+            here = schedule.rank_of(to) == stage
+            puts = _slot(kind, mb, schedule.chunk_of(to) if here else c, chunks)
+        if code == W:
+            takes = puts = -1
+        sums = code == W or (code == B and not schedule.split_backward)
+        program.append((code, mb, c, takes, puts, int(sums and c not in started)))
+        started |= {c} if sums else set()
+    return tuple(program)
+
+
+class StepGraph(nn.Cell):
+    """(inputs, labels: one tensor per micro-batch) -> (this rank's micro-batch losses, the
+    summed weight gradients of each of its chunks)."""
+
+    def __init__(self, layout, p2p):
+        super().__init__(auto_prefix=False)
+        check_supported(layout)
+        chunks = layout.chunks
+        for chunk in chunks:
+            chunk._mode(True)
+        self.forwards = nn.CellList([c._forward for c in chunks])
+        self.backwards = nn.CellList([c._backward for c in chunks])
+        self.input_grads = nn.CellList([c._input_grad for c in chunks])
+        self.weight_grads = nn.CellList([c._weight_grad for c in chunks])
+        self.scale, self.no_labels = chunks[0]._scale, chunks[0]._no_labels
+        self.last = tuple(c.is_last for c in chunks)
+        self.split = layout.schedule.split_backward
+        self.count = len(chunks)
+        actions = layout.schedule.actions[layout.stage]
+        self.messages = tuple(p2p.graph_op(a) for a in actions if not a.is_compute)
+        self.program = encode(layout.schedule, layout.stage, len(chunks))
+        self.token = ms.Tensor(0.0, ms.float32)
+
+    @ms.jit
+    def construct(self, inputs, labels):
+        flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
+        losses, token = (), self.token
+        for code, mb, c, takes, puts, index in self.program:
+            key = mb * self.count + c
+            if code == SEND:
+                token = ops.depend(token, self.messages[index](ops.depend(flight[takes], token)))
+            elif code == RECV:
+                flight[takes] = self.messages[index](token)
+                token = ops.depend(token, flight[takes])
+            elif code == F:
+                x = inputs[mb] if takes < 0 else flight[takes]
+                y = labels[mb] if self.last[c] else self.no_labels
+                out, saved[key] = self.forwards[c](x, y, self.scale, ())
+                if self.last[c]:
+                    losses = losses + (out[0],)
+                    starts[key] = out[1]
+                else:
+                    flight[puts] = out
+            elif code == B:
+                dy = starts[key] if takes < 0 else flight[takes]
+                if self.split:
+                    dx, stashed[key] = self.input_grads[c](dy, *saved[key])
+                elif index:
+                    dx, grads[c] = self.backwards[c](dy, (), *saved[key])
+                else:
+                    dx, grads[c] = self.backwards[c](dy, grads[c], *saved[key])
+                if puts >= 0:
+                    flight[puts] = dx
+            elif index:
+                grads[c] = self.weight_grads[c]((), *(saved[key] + stashed[key]))
+            else:
+                grads[c] = self.weight_grads[c](grads[c], *(saved[key] + stashed[key]))
+        summed = ()
+        for c in range(self.count):
+            summed = summed + (grads[c],)
+        return losses, summed, token

@@ -1,0 +1,56 @@
+"""pipe.step_graph: a rank's lowered actions as the constants its one compiled graph
+branches on, and what it refuses (in process; tests/test_transparency.py trains with it)."""
+import pytest
+from mindspore import nn
+
+from pipe.config import PipelineConfig
+from pipe.layout import build_layout
+from pipe.schedule import lower, make_schedule
+from pipe.step_graph import B, F, RECV, SEND, W, check_supported, encode
+
+
+def test_1f1b_two_stages_as_constants():
+    """(code, micro-batch, chunk, slot read, slot written, message index or 'first sum'):
+    a slot holds an activation (2 x mb) or a gradient (2 x mb + 1) in flight."""
+    schedule = lower(make_schedule("1f1b", 2, 2))
+    assert encode(schedule, 0, 1) == (
+        (F, 0, 0, -1, 0, 0), (SEND, 0, 0, 0, -1, 0),      # input -> F0 -> slot 0 -> rank 1
+        (F, 1, 0, -1, 2, 0), (SEND, 1, 0, 2, -1, 1),
+        (RECV, 0, 0, 1, -1, 2), (B, 0, 0, 1, -1, 1),      # its gradient into slot 1; B0 starts the sum
+        (RECV, 1, 0, 3, -1, 3), (B, 1, 0, 3, -1, 0))
+    assert encode(schedule, 1, 1) == (
+        (RECV, 0, 0, 0, -1, 0), (F, 0, 0, 0, -1, 0),      # the last stage: F0 ends in the loss
+        (B, 0, 0, -1, 1, 1), (RECV, 1, 0, 2, -1, 1),      # B0 from the loss gradient -> slot 1
+        (SEND, 0, 0, 1, -1, 2), (F, 1, 0, 2, -1, 0),
+        (B, 1, 0, -1, 3, 0), (SEND, 1, 0, 3, -1, 3))
+
+
+def test_the_turn_of_a_v_stays_on_its_rank():
+    """ZB-V, rank 1 holds virtual stages 1 and 2: F0 writes chunk 1's input slot (2) and
+    B0:1 chunk 0's gradient slot (1), no message between; W sums the weight gradients."""
+    program = encode(lower(make_schedule("zb-v", 2, 2, 2)), 1, 2)
+    assert program[1:3] == ((F, 0, 0, 0, 2, 0), (F, 0, 1, 2, 2, 0))
+    assert (B, 0, 1, 3, 1, 0) in program and (B, 0, 0, 1, 1, 0) in program
+    assert [e[5] for e in program if e[0] == W] == [1, 1, 0, 0]   # the first W of each chunk starts
+
+
+def layout_of(layers, **config):
+    config = PipelineConfig(stages=1, micro_batches=2, batch_size=4, one_graph=True, **config)
+    return build_layout(nn.SequentialCell(layers), nn.MSELoss(), config, 0, "uniform")
+
+
+@pytest.mark.parametrize("layers,config,message", [
+    ([nn.Dense(4, 4), nn.Dropout(p=0.5), nn.Dense(4, 2)], {},
+     "one_graph cannot run dropout: its masks are drawn on the host for each micro-batch; "
+     "turn one_graph off"),
+    ([nn.Dense(4, 4), nn.BatchNorm1d(4), nn.Dense(4, 2)], {},
+     "one_graph cannot run layers with buffers (batch norm): their statistics are restored "
+     "on the host after each backward; turn one_graph off"),
+    ([nn.Dense(4, 4), nn.Dense(4, 2)], {"recompute": True},
+     "one_graph cannot recompute activations (the backward's second forward is not in the "
+     "graph); turn recompute or one_graph off"),
+])
+def test_what_needs_the_host_between_actions_is_refused(layers, config, message):
+    with pytest.raises(ValueError) as err:
+        check_supported(layout_of(layers, **config))
+    assert str(err.value) == message
