@@ -5,9 +5,9 @@
 
 Every rank builds the same full model (same seed) or, given layer builders, only its own
 layers (pipe.builders); it keeps its stage's layers (pipe.layout) and walks its list of
-schedule actions: F, B, W and the sends/receives between them. The
-engine itself decides nothing about order; `pipe.schedule` does (`python -m pipe` prints
-one).
+schedule actions: F, B, W and the sends/receives between them, one call each, or with
+`one_graph` all of them as one compiled graph (pipe.step_graph). The engine itself decides
+nothing about order; `pipe.schedule` does (`python -m pipe` prints one).
 """
 import math
 from contextlib import nullcontext

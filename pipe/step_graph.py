@@ -55,18 +55,20 @@ def encode(schedule, stage, chunks):
             program.append((code, mb, c, _slot(action.kind[1], mb, c, chunks), -1, message))
             message += 1
             continue
-        vs, kind = schedule.virtual_stage(stage, c), "B" if code == B else "F"
-        source, to = (vs - 1, vs + 1) if code == F else (vs + 1, vs - 1)
-        takes = _slot(kind, mb, c, chunks) if 0 <= source < schedule.virtual_stages else -1
-        puts = -1
-        if 0 <= to < schedule.virtual_stages:     # to its next virtual stage: here, or a send
-            here = schedule.rank_of(to) == stage
-            puts = _slot(kind, mb, schedule.chunk_of(to) if here else c, chunks)
-        if code == W:
-            takes = puts = -1
+        takes = puts = -1
+        if code != W:                             # F and B read a slot and write one
+            vs, kind = schedule.virtual_stage(stage, c), "B" if code == B else "F"
+            source, to = (vs - 1, vs + 1) if code == F else (vs + 1, vs - 1)
+            if 0 <= source < schedule.virtual_stages:
+                takes = _slot(kind, mb, c, chunks)
+            if 0 <= to < schedule.virtual_stages:   # for the next virtual stage: here, or a send
+                here = schedule.rank_of(to) == stage
+                puts = _slot(kind, mb, schedule.chunk_of(to) if here else c, chunks)
         sums = code == W or (code == B and not schedule.split_backward)
-        program.append((code, mb, c, takes, puts, int(sums and c not in started)))
-        started |= {c} if sums else set()
+        first = sums and c not in started
+        if sums:
+            started.add(c)
+        program.append((code, mb, c, takes, puts, int(first)))
     return tuple(program)
 
 
