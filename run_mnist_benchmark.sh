@@ -7,19 +7,21 @@
 #
 # Options: --model small|large|all  --layout PxD|all  --schedule NAME|all  --impl pipe|builtin|all
 #          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+#          --one-graph (pipe runs each step as one compiled graph: impl "pipe-graph")
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 GRAPH=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
     --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --one-graph) GRAPH=--one-graph; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,14 +67,14 @@ for model in small large; do
   else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
   echo "== $model MLP: $SIZE"
   if wanted "$LAYOUT" 1x1; then
-    wanted "$IMPL" pipe && launch 1 $SIZE --stages 1 --micro-batches 1
+    wanted "$IMPL" pipe && launch 1 $SIZE --stages 1 --micro-batches 1 $GRAPH
     done_m=" "
     for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
       [ $P -le "$DEVICES" ] && wanted "$IMPL" pipe || continue
       if [ $model = small ]; then M=4; else M=$((4 * P)); fi
       case "$done_m" in *" $M "*) continue ;; esac
       done_m="$done_m$M "
-      launch 1 $SIZE --stages 1 --micro-batches $M
+      launch 1 $SIZE --stages 1 --micro-batches $M $GRAPH
     done
     wanted "$IMPL" builtin && launch 1 $SIZE --impl builtin --stages 1 --micro-batches 1
   fi
@@ -81,7 +83,7 @@ for model in small large; do
     [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
     if [ $model = small ]; then M=4; else M=$((4 * P)); fi
     if [ $P -eq 1 ]; then
-      wanted "$IMPL" pipe && launch $n $SIZE --data-parallel $D --micro-batches 1
+      wanted "$IMPL" pipe && launch $n $SIZE --data-parallel $D --micro-batches 1 $GRAPH
       continue
     fi
     for schedule in $NAMES; do
@@ -90,7 +92,7 @@ for model in small large; do
         echo "  pipe ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
       extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
       echo "  pipe ${P}x${D} $schedule M=$M"
-      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra
+      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $GRAPH
     done
     if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
       echo "  builtin ${P}x${D} M=$M"

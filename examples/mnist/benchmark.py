@@ -134,7 +134,8 @@ def main(argv=None):
             if rank == 0:
                 merge_traces([f"{args.trace}.rank{r}" for r in range(P * D)], args.trace)
 
-    row = {"label": args.label, "impl": args.impl, "device": device, "stages": P, "data_parallel": D,
+    impl = "pipe-graph" if args.impl == "pipe" and args.one_graph else args.impl
+    row = {"label": args.label, "impl": impl, "device": device, "stages": P, "data_parallel": D,
            "schedule": args.schedule if args.impl == "pipe" else "builtin",
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,

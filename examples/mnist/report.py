@@ -42,16 +42,18 @@ def summarize(lines):
                      "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_rank0": host_line(ranks)})
-    def single(row, micro_batches):
-        found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == "pipe"
+    def single(row, micro_batches):       # pipe's one device, run the same way (graph or not)
+        impl = "pipe-graph" if row["impl"] == "pipe-graph" else "pipe"
+        found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == impl
                  and r["devices"] == 1 and r["M"] == micro_batches]
         return found[0] if found else float("nan")
     for row in rows:
         row["speedup"] = row["samples_per_s"] / single(row, 1)
         row["efficiency"] = row["speedup"] / row["devices"]
         row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"]) / row["devices"]
-        row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] == "pipe" else float("nan")
-    rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], r["impl"] != "pipe", r["schedule"]))
+        row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] != "builtin" else float("nan")
+    rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], r["impl"] == "builtin", r["impl"],
+                             r["schedule"]))
     return rows
 
 
