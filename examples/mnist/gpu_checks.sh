@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash examples/mnist/gpu_checks.sh [OUT_DIR [SCHEDULE...]]   (2+ GPUs and msrun; default: all)
+#   bash examples/mnist/gpu_checks.sh [OUT_DIR [--one-graph] [SCHEDULE...]]   (2+ GPUs and msrun)
+# Default: every schedule. --one-graph runs the pipelines as one graph per step (the single
+# GPU stays the per-action reference).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"
+OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
+GRAPH=""; if [ "${1:-}" = --one-graph ]; then GRAPH=--one-graph; shift; fi
 ALL=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
-SCHEDULES=${*:2}; SCHEDULES=${SCHEDULES:-$ALL}
+SCHEDULES=${*:-$ALL}
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'
 for schedule in $SCHEDULES; do
-  echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save $OUT/$schedule"
+  echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
   msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
-    --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule --save "$OUT/$schedule" > /dev/null 2>&1 \
+    --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
   python examples/mnist/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
