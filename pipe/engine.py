@@ -136,8 +136,9 @@ class PipelineEngine:
         if self._graph is None:
             self._graph = StepGraph(self.layout, self.p2p)
         with self.watch.at("the step's compiled graph"), self._span("step graph"):
-            losses, grads, _ = self._graph(ms.mutable(tuple(batch.inputs)),
-                                           ms.mutable(tuple(batch.labels)))
+            losses, grads, messages_done = self._graph(ms.mutable(tuple(batch.inputs)),
+                                                       ms.mutable(tuple(batch.labels)))
+            messages_done.asnumpy()      # a failed message is reported here, as this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
         batch.outputs.extend(losses)

@@ -54,12 +54,13 @@ def assert_neighbours_name_the_lost_rank(job, timeout):
             assert err.count("<-- HERE") == 1
 
 
-def test_rank_that_stops_answering_is_named_by_its_neighbours():
+@pytest.mark.parametrize("mode", [[], ["--one-graph"]])
+def test_rank_that_stops_answering_is_named_by_its_neighbours(mode):
     """SIGSTOP: the rank neither dies nor answers, so the launcher sees nothing; the others'
-    own deadlines (--timeout 5) must end the run and say where each one was waiting.
-    (A killed rank is not tried here: mpiexec ends the whole job itself, whatever pipe does,
-    even with -disable-auto-cleanup.)"""
-    job = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 5)
+    own deadlines (--timeout 5) must end the run and say where each one was waiting, also
+    from inside the step's one graph. (A killed rank is not tried here: mpiexec ends the
+    whole job itself, whatever pipe does, even with -disable-auto-cleanup.)"""
+    job = start(3, *SMALL, "--stages", 3, "--steps", 100000, "--timeout", 5, *mode)
     job.wait_for_line(0, "step     3")
     rank_process(job, 1).suspend()
     job.wait(timeout=300)
