@@ -77,8 +77,8 @@ class StepGraph(nn.Cell):
     summed weight gradients of each of its chunks)."""
 
     def __init__(self, layout, p2p):
+        """`layout` passed `check_supported` (the engine checks it before any message)."""
         super().__init__(auto_prefix=False)
-        check_supported(layout)
         chunks = layout.chunks
         for chunk in chunks:
             chunk._mode(True)
