@@ -14,9 +14,9 @@ from launch import load, run_many
 FLAGS = ["--data", "synthetic", "--hidden", "16", "--batch-size", "48", "--steps", "2",
          "--seed", "3", "--optimizer", "sgd", "--lr", "0.1", "--no-eval"]
 SCHEDULES = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]   # GPipe: test_transparency
-CASES = [(s, p, m) for s in SCHEDULES
-         for p, m in ([(2, 4), (3, 6), (4, 8)] if s == "dualpipe-v"      # M >= 2P
-                      else [(2, 2), (3, 6), (4, 16)])]                   # M = P, 2P, 4P
+SIZES = {"1f1b": [(4, 16)],                       # its P x D layouts at M=4: test_transparency
+         "dualpipe-v": [(2, 4), (3, 6), (4, 8)]}   # M >= 2P
+CASES = [(s, p, m) for s in SCHEDULES for p, m in SIZES.get(s, [(2, 2), (3, 6), (4, 16)])]  # M = P, 2P, 4P
 
 
 def depth(schedule):
