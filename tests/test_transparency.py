@@ -13,10 +13,10 @@ from launch import load, results, run_many
 from mlp_run import build_model, plain_run
 
 SEED = 7
-LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
-CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2), ("gpipe", 4, 2)]
+LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1), (4, 2)]
+CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
-ONE_GRAPH = [("1f1b", 2, 2), ("zb-v", 2, 2), ("dualpipe-v", 2, 1)]
+ONE_GRAPH = [("1f1b", 2, 2), ("zb-v", 2, 2)]
 
 
 def spec(root, name, optimizer="sgd", **config):
