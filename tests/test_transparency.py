@@ -16,7 +16,7 @@ SEED = 7
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1), (4, 2)]
 CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
-ONE_GRAPH = [("1f1b", 2, 2), ("zb-v", 2, 2)]
+ONE_GRAPH = [("zb-v", 2, 2)]       # the V's local turn, split backward, two replicas
 
 
 def spec(root, name, optimizer="sgd", **config):
@@ -111,7 +111,7 @@ def test_one_graph_step_equals_single_process(runs, plain, schedule, stages, dat
         np.testing.assert_allclose(result["losses"], plain["sgd"][1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["1f1b-2x2", "zb-v-2x2"])
+@pytest.mark.parametrize("name", ["zb-v-2x2"])
 def test_one_graph_step_is_bitwise_the_per_action_loop(runs, name):
     """The same compiled cells in the same order: not one bit moves."""
     got, want = runs[f"one-graph-{name}"][0], runs[name][0]
