@@ -185,6 +185,13 @@ def zb_h1(stages, micro_batches):
     return Schedule("zb-h1", stages, micro_batches, actions, split_backward=True)
 
 
+def _next_action(done, kind, chunk):
+    """The rank's next `kind` action on `chunk`: its micro-batch counts the ones `done`."""
+    mb = done.get((kind, chunk), 0)
+    done[(kind, chunk)] = mb + 1
+    return Action(kind, mb, chunk)
+
+
 def zb_v(stages, micro_batches):
     """ZB-V (Qi et al., ICLR 2024, section 6): two chunks per rank in a V, rank r holding
     virtual stages r (chunk 0, on the way down) and 2P-1-r (chunk 1, on the way back), so
@@ -215,10 +222,7 @@ def zb_v(stages, micro_batches):
         done, order = {}, []
 
         def run(*units):                 # (kind, chunk): the next micro-batch of each
-            for kind, chunk in units:
-                mb = done.get((kind, chunk), 0)
-                done[(kind, chunk)] = mb + 1
-                order.append(Action(kind, mb, chunk))
+            order.extend(_next_action(done, kind, chunk) for kind, chunk in units)
 
         run(*[("F", 0)] * (2 * (stages - rank) - 1))                    # warm-up
         run(*[("F", 1), ("F", 0)] * rank)
@@ -273,19 +277,14 @@ def dualpipe_v(stages, micro_batches):
     for r in range(P):
         done, order, waiting = {}, [], []
 
-        def take(kind, chunk):
-            mb = done.get((kind, chunk), 0)
-            done[(kind, chunk)] = mb + 1
-            return mb
-
         def F(chunk):
-            order.append(Action("F", take("F", chunk), chunk))
+            order.append(_next_action(done, "F", chunk))
 
         def B(chunk, w_later=False):
             """The input gradient, then its W at once or (w_later) when W() takes it."""
-            mb = take("B", chunk)
-            order.append(Action("B", mb, chunk))
-            (waiting if w_later else order).append(Action("W", mb, chunk))
+            backward = _next_action(done, "B", chunk)
+            order.append(backward)
+            (waiting if w_later else order).append(Action("W", backward.mb, chunk))
 
         def W():
             order.append(waiting.pop(0))
@@ -345,7 +344,8 @@ def forward_only(schedule):
     in turn (GPipe's first half)."""
     F = [Action("F", m, c) for c in range(schedule.chunks) for m in range(schedule.micro_batches)]
     return Schedule("forward-only", schedule.stages, schedule.micro_batches,
-                    [list(F) for _ in range(schedule.stages)], schedule.chunks, v_shape=schedule.v_shape)
+                    [list(F) for _ in range(schedule.stages)], schedule.chunks,
+                    v_shape=schedule.v_shape)
 
 
 def _messages(schedule, rank, action):
