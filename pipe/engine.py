@@ -19,7 +19,7 @@ from pipe import allreduce, checkpoint, microbatch
 from pipe.comm import WireTimeout, connect
 from pipe.handshake import connect_stages
 from pipe.layout import plan
-from pipe.step_graph import StepGraph, check_supported
+from pipe.step_graph import StepGraph, check_supported, updates_in_graph
 from pipe.watchdog import PipelineError, Watch
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -53,6 +53,8 @@ class PipelineEngine:
         self.layout = plan(model, loss_fn, config, self.wire, sample)
         if config.one_graph:
             check_supported(self.layout)
+        # With one graph and nothing to all-reduce, the optimizer steps inside the graph.
+        self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
         self.chunks, self.schedule = self.layout.chunks, self.layout.schedule
         self.optimizer = make_optimizer(self.layout.params)
         self._update = _CompiledUpdate(self.optimizer)
@@ -85,15 +87,9 @@ class PipelineEngine:
         else:
             self._execute(self.schedule, self.p2p, batch)      # recv -> F -> send ... B, W
         replicas = layout.topo.data_parallel_ranks(layout.stage)
+        if not self.update_in_graph:
+            self._reduce_and_update(replicas)
         world = tuple(range(layout.topo.world_size))
-        with self.watch.at("the all-reduce of the gradients"), self._span("all-reduce"):
-            grads = allreduce.sum_gradients(self.wire, tuple(g for c in self.chunks for g in c.grads),
-                                            replicas, layout.tied)
-            if self.config.clip_grad_norm:
-                grads = allreduce.clip_by_global_norm(self.wire, grads, layout.counted,
-                                                      self.config.clip_grad_norm, world, len(replicas))
-        with self._span("optimizer"):
-            self._update(ms.mutable(grads))                    # update
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if layout.buffers and len(replicas) > 1:
                 allreduce.average_buffers(self.wire, layout.buffers, replicas)
@@ -104,6 +100,19 @@ class PipelineEngine:
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
                                      "learning rate or check the inputs for NaN/inf")
         return loss
+
+    def _reduce_and_update(self, replicas):
+        """Sum the gradients over the replicas (and tied copies), clip them, step."""
+        layout = self.layout
+        world = tuple(range(layout.topo.world_size))
+        with self.watch.at("the all-reduce of the gradients"), self._span("all-reduce"):
+            grads = allreduce.sum_gradients(self.wire, tuple(g for c in self.chunks for g in c.grads),
+                                            replicas, layout.tied)
+            if self.config.clip_grad_norm:
+                grads = allreduce.clip_by_global_norm(self.wire, grads, layout.counted,
+                                                      self.config.clip_grad_norm, world, len(replicas))
+        with self._span("optimizer"):
+            self._update(ms.mutable(grads))
 
     def predict(self, inputs, broadcast=True):
         """Forward-only pipeline over `inputs` (the whole batch, on every replica). Returns the
@@ -134,7 +143,9 @@ class PipelineEngine:
     def _run_graph(self, batch):
         """The step's actions as one compiled graph (pipe.step_graph), built at its first call."""
         if self._graph is None:
-            self._graph = StepGraph(self.layout, self.p2p)
+            update = self._update if self.update_in_graph else None
+            self._graph = StepGraph(self.layout, self.p2p, update)
+        self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self._span("step graph"):
             losses, grads, messages_done = self._graph(ms.mutable(tuple(batch.inputs)),
                                                        ms.mutable(tuple(batch.labels)))

@@ -7,7 +7,9 @@ while MindSpore compiles: each action becomes the chunk's own compiled cell (pip
 inlined, and each message the wire's in-graph operator (`PointToPoint.graph_op`). The
 messages keep the list's order because each takes a token from the one before
 (`ops.depend`); the list's order is deadlock-free (pipe.simulator), so the graph is too.
-One call then runs the step: F, B, W and messages, the gradients summed per chunk.
+One call then runs the step: F, B, W and messages, the gradients summed per chunk, and,
+when nothing has to be summed with other ranks first (one replica, no tied weights, no
+clipping by the global norm), the optimizer's update too.
 
 What needs the host between actions is refused: dropout (masks drawn on the host),
 layers with buffers (batch norm's statistics are put back after each backward) and
@@ -16,7 +18,7 @@ recomputation. Per-action traces and the watchdog's action position need the loo
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["StepGraph", "check_supported"]
+__all__ = ["StepGraph", "check_supported", "updates_in_graph"]
 
 F, B, W, SEND, RECV = range(5)
 CODES = {"F": F, "B": B, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
@@ -72,11 +74,19 @@ def encode(schedule, stage, chunks):
     return tuple(program)
 
 
+def updates_in_graph(layout):
+    """Whether the optimizer can step inside the graph: its gradients are final there, with
+    no all-reduce (over replicas, tied copies or the global norm) between."""
+    config = layout.config
+    return config.data_parallel == 1 and not layout.tied and not config.clip_grad_norm
+
+
 class StepGraph(nn.Cell):
     """(inputs, labels: one tensor per micro-batch) -> (this rank's micro-batch losses, the
-    summed weight gradients of each of its chunks)."""
+    summed weight gradients of each of its chunks, a token set once its messages are done).
+    Given `update` (the optimizer over the chunks' parameters, in order), it steps too."""
 
-    def __init__(self, layout, p2p):
+    def __init__(self, layout, p2p, update=None):
         """`layout` passed `check_supported` (the engine checks it before any message)."""
         super().__init__(auto_prefix=False)
         chunks = layout.chunks
@@ -94,6 +104,7 @@ class StepGraph(nn.Cell):
         self.messages = tuple(p2p.graph_op(a) for a in actions if not a.is_compute)
         self.program = encode(layout.schedule, layout.stage, len(chunks))
         self.token = ms.Tensor(0.0, ms.float32)
+        self.update = update
 
     @ms.jit
     def construct(self, inputs, labels):
@@ -129,7 +140,9 @@ class StepGraph(nn.Cell):
                 grads[c] = self.weight_grads[c]((), *(saved[key] + stashed[key]))
             else:
                 grads[c] = self.weight_grads[c](grads[c], *(saved[key] + stashed[key]))
-        summed = ()
+        summed, flat = (), ()
         for c in range(self.count):
-            summed = summed + (grads[c],)
+            summed, flat = summed + (grads[c],), flat + grads[c]
+        if self.update is not None:
+            token = ops.depend(token, self.update(flat))
         return losses, summed, token

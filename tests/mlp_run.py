@@ -85,4 +85,5 @@ def pipe_run(spec, communicator):
     held = model_parameters_held() - before
     losses = [engine.train_step(x, y) for x, y in data]
     engine.save(spec["save"], STEPS)
-    return engine, {"losses": losses, "parameters_held": held}
+    return engine, {"losses": losses, "parameters_held": held,
+                    "update_in_graph": engine.update_in_graph}
