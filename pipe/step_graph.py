@@ -109,40 +109,48 @@ class StepGraph(nn.Cell):
     @ms.jit
     def construct(self, inputs, labels):
         flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
-        losses, token = (), self.token
+        losses = ()
+        # Two chains keep the list's order: `sent` through the messages, `done` through the
+        # computations (else the compiler may run a W before the B a peer waits for). A
+        # message waits only for its data, and a computation only for the one before it and
+        # its data: a send in flight holds no computation back.
+        sent, done = self.token, self.token
         for code, mb, c, takes, puts, index in self.program:
             key = mb * self.count + c
             if code == SEND:
-                token = ops.depend(token, self.messages[index](ops.depend(flight[takes], token)))
+                sent = ops.depend(sent, self.messages[index](ops.depend(flight[takes], sent)))
             elif code == RECV:
-                flight[takes] = self.messages[index](token)
-                token = ops.depend(token, flight[takes])
+                flight[takes] = self.messages[index](sent)
+                sent = ops.depend(sent, flight[takes])
             elif code == F:
-                x = inputs[mb] if takes < 0 else flight[takes]
+                x = ops.depend(inputs[mb] if takes < 0 else flight[takes], done)
                 y = labels[mb] if self.last[c] else self.no_labels
                 out, saved[key] = self.forwards[c](x, y, self.scale, ())
+                done = ops.depend(done, out)
                 if self.last[c]:
                     losses = losses + (out[0],)
                     starts[key] = out[1]
                 else:
                     flight[puts] = out
             elif code == B:
-                dy = starts[key] if takes < 0 else flight[takes]
+                dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
                 if self.split:
                     dx, stashed[key] = self.input_grads[c](dy, *saved[key])
-                elif index:
-                    dx, grads[c] = self.backwards[c](dy, (), *saved[key])
+                    done = ops.depend(done, stashed[key])
                 else:
-                    dx, grads[c] = self.backwards[c](dy, grads[c], *saved[key])
+                    dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *saved[key])
+                    done = ops.depend(done, grads[c])
+                done = ops.depend(done, dx)
                 if puts >= 0:
                     flight[puts] = dx
-            elif index:
-                grads[c] = self.weight_grads[c]((), *(saved[key] + stashed[key]))
             else:
-                grads[c] = self.weight_grads[c](grads[c], *(saved[key] + stashed[key]))
+                tensors = saved[key] + stashed[key]
+                tensors = (ops.depend(tensors[0], done),) + tensors[1:]
+                grads[c] = self.weight_grads[c](() if index else grads[c], *tensors)
+                done = ops.depend(done, grads[c])
         summed, flat = (), ()
         for c in range(self.count):
             summed, flat = summed + (grads[c],), flat + grads[c]
         if self.update is not None:
-            token = ops.depend(token, self.update(flat))
-        return losses, summed, token
+            done = ops.depend(done, self.update(flat))
+        return losses, summed, ops.depend(sent, done)
