@@ -10,7 +10,7 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["sum_gradients", "clip_by_global_norm", "average_buffers", "step_loss"]
+__all__ = ["sum_gradients", "clip_by_global_norm", "average_buffers", "loss_share", "step_loss"]
 
 
 def sum_gradients(wire, grads, replica_ranks, tied):
@@ -46,9 +46,16 @@ def average_buffers(wire, buffers, replica_ranks):
         ops.assign(buffer, wire.all_reduce(buffer.value(), replica_ranks) / len(replica_ranks))
 
 
-def step_loss(wire, losses, micro_batches, replicas, world):
-    """The step's mean loss on every rank: the last stages hold their micro-batches' losses,
-    summed on the device, so the host waits for it once."""
-    mine = ops.stack(losses).sum() / micro_batches if losses else ms.Tensor(0.0, ms.float32)
-    total = wire.all_reduce(mine.reshape(1), world)
-    return float(total.asnumpy()[0]) / replicas
+def loss_share(losses, micro_batches):
+    """This rank's share of the step's mean loss, on the device: its micro-batches' losses
+    (the last stages hold them) / M, as a 1-element tensor (0 on other stages). Also
+    called inside the step graph (pipe.step_graph)."""
+    if not losses:
+        return ops.zeros(1, ms.float32)
+    return (ops.stack(losses).sum() / micro_batches).reshape(1)
+
+
+def step_loss(wire, share, replicas, world):
+    """The step's mean loss on every rank: the shares summed over the world and the
+    replicas averaged, so the host waits for it once."""
+    return float(wire.all_reduce(share, world).asnumpy()[0]) / replicas

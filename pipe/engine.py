@@ -83,9 +83,10 @@ class PipelineEngine:
         # the D replicas: the sum of M x D micro-batch means / (M x D) is the mini-batch
         # mean, the gradient one process computes on the whole batch.
         if self.config.one_graph:                               # the same, as one call
-            self._run_graph(batch)
+            share = self._run_graph(batch)
         else:
             self._execute(self.schedule, self.p2p, batch)      # recv -> F -> send ... B, W
+            share = allreduce.loss_share(batch.outputs, self.config.micro_batches)
         replicas = layout.topo.data_parallel_ranks(layout.stage)
         if not self.update_in_graph:
             self._reduce_and_update(replicas)
@@ -93,8 +94,7 @@ class PipelineEngine:
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if layout.buffers and len(replicas) > 1:
                 allreduce.average_buffers(self.wire, layout.buffers, replicas)
-            loss = allreduce.step_loss(self.wire, batch.outputs, self.config.micro_batches,
-                                       len(replicas), world)
+            loss = allreduce.step_loss(self.wire, share, len(replicas), world)
         self.watch.end(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
@@ -141,18 +141,18 @@ class PipelineEngine:
                 self._run[action.kind](action, batch)
 
     def _run_graph(self, batch):
-        """The step's actions as one compiled graph (pipe.step_graph), built at its first call."""
+        """The step's actions as one compiled graph (pipe.step_graph), built at its first
+        call. Returns this rank's share of the step's loss."""
         if self._graph is None:
             update = self._update if self.update_in_graph else None
             self._graph = StepGraph(self.layout, self.p2p, update)
         self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self._span("step graph"):
-            losses, grads, messages_done = self._graph(ms.mutable(tuple(batch.inputs)),
-                                                       ms.mutable(tuple(batch.labels)))
-            messages_done.asnumpy()      # a failed message is reported here, as this step's
+            share, grads, done = self._graph(*batch.rows())
+            done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
-        batch.outputs.extend(losses)
+        return share
 
     def _span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()

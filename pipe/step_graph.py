@@ -18,6 +18,8 @@ recomputation. Per-action traces and the watchdog's action position need the loo
 import mindspore as ms
 from mindspore import nn, ops
 
+from pipe.allreduce import loss_share
+
 __all__ = ["StepGraph", "check_supported", "updates_in_graph"]
 
 F, B, W, SEND, RECV = range(5)
@@ -82,9 +84,10 @@ def updates_in_graph(layout):
 
 
 class StepGraph(nn.Cell):
-    """(inputs, labels: one tensor per micro-batch) -> (this rank's micro-batch losses, the
-    summed weight gradients of each of its chunks, a token set once its messages are done).
-    Given `update` (the optimizer over the chunks' parameters, in order), it steps too."""
+    """(the replica's inputs, its labels) -> (this rank's share of the step's loss
+    (allreduce.loss_share), the summed weight gradients of each of its chunks, a token set
+    once its work and messages are done). Given `update` (the optimizer over the chunks'
+    parameters, in order), it steps too."""
 
     def __init__(self, layout, p2p, update=None):
         """`layout` passed `check_supported` (the engine checks it before any message)."""
@@ -105,9 +108,12 @@ class StepGraph(nn.Cell):
         self.program = encode(layout.schedule, layout.stage, len(chunks))
         self.token = ms.Tensor(0.0, ms.float32)
         self.update = update
+        self.micro_batches = layout.config.micro_batches
 
     @ms.jit
-    def construct(self, inputs, labels):
+    def construct(self, rows, labels_of_rows):
+        inputs = ops.split(rows, rows.shape[0] // self.micro_batches)
+        labels = ops.split(labels_of_rows, rows.shape[0] // self.micro_batches)
         flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
         losses = ()
         # Two chains keep the list's order: `sent` through the messages, `done` through the
@@ -153,4 +159,4 @@ class StepGraph(nn.Cell):
             summed, flat = summed + (grads[c],), flat + grads[c]
         if self.update is not None:
             done = ops.depend(done, self.update(flat))
-        return losses, summed, ops.depend(sent, done)
+        return loss_share(losses, self.micro_batches), summed, ops.depend(sent, done)
