@@ -5,22 +5,21 @@
 #   ./run_mnist_benchmark.sh                       # the whole sweep
 #   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b
 #
-# Options: --model small|large|all  --layout PxD|all  --schedule NAME|all  --impl pipe|builtin|all
+# Options: --model small|large|all  --layout PxD|all  --schedule NAME|all
+#          --impl pipe|pipe-graph|builtin|all  (pipe-graph: each step as one compiled graph)
 #          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
-#          --one-graph (pipe runs each step as one compiled graph: impl "pipe-graph")
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 GRAPH=""
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
     --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
-    --one-graph) GRAPH=--one-graph; shift ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -28,7 +27,7 @@ done
 
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
-case "$IMPL" in pipe|builtin|all) ;; *) bad "--impl $IMPL: use pipe, builtin or all" ;; esac
+case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
 NAMES=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
 [[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
 [[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
@@ -60,6 +59,10 @@ launch() {  # launch N ARGS...: one benchmark run on N processes
 }
 
 wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
+PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
+wanted "$IMPL" pipe && PIPES="$PIPES pipe"
+wanted "$IMPL" pipe-graph && PIPES="$PIPES pipe-graph"
+flags_of() { if [ "$1" = pipe-graph ]; then echo --one-graph; fi; }
 
 for model in small large; do
   wanted "$MODEL" "$model" || continue
@@ -67,14 +70,16 @@ for model in small large; do
   else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
   echo "== $model MLP: $SIZE"
   if wanted "$LAYOUT" 1x1; then
-    wanted "$IMPL" pipe && launch 1 $SIZE --stages 1 --micro-batches 1 $GRAPH
-    done_m=" "
-    for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
-      [ $P -le "$DEVICES" ] && wanted "$IMPL" pipe || continue
-      if [ $model = small ]; then M=4; else M=$((4 * P)); fi
-      case "$done_m" in *" $M "*) continue ;; esac
-      done_m="$done_m$M "
-      launch 1 $SIZE --stages 1 --micro-batches $M $GRAPH
+    for impl in $PIPES; do
+      launch 1 $SIZE --stages 1 --micro-batches 1 $(flags_of $impl)
+      done_m=" "
+      for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
+        [ $P -le "$DEVICES" ] || continue
+        if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+        case "$done_m" in *" $M "*) continue ;; esac
+        done_m="$done_m$M "
+        launch 1 $SIZE --stages 1 --micro-batches $M $(flags_of $impl)
+      done
     done
     wanted "$IMPL" builtin && launch 1 $SIZE --impl builtin --stages 1 --micro-batches 1
   fi
@@ -83,17 +88,17 @@ for model in small large; do
     [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
     if [ $model = small ]; then M=4; else M=$((4 * P)); fi
     if [ $P -eq 1 ]; then
-      wanted "$IMPL" pipe && launch $n $SIZE --data-parallel $D --micro-batches 1 $GRAPH
+      for impl in $PIPES; do launch $n $SIZE --data-parallel $D --micro-batches 1 $(flags_of $impl); done
       continue
     fi
-    for schedule in $NAMES; do
-      wanted "$SCHEDULE" $schedule && wanted "$IMPL" pipe || continue
+    for impl in $PIPES; do for schedule in $NAMES; do
+      wanted "$SCHEDULE" $schedule || continue
       if [ $schedule = dualpipe-v ] && [ $M -lt $((2 * P)) ]; then
-        echo "  pipe ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
-      extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule.json"
-      echo "  pipe ${P}x${D} $schedule M=$M"
-      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $GRAPH
-    done
+        echo "  $impl ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
+      extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule-$impl.json"
+      echo "  $impl ${P}x${D} $schedule M=$M"
+      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $(flags_of $impl)
+    done; done
     if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
       echo "  builtin ${P}x${D} M=$M"
       launch $n $SIZE --impl builtin --stages $P --data-parallel $D --micro-batches $M --steps "$STEPS"

@@ -6,13 +6,14 @@ Forward boxes are blue, backward orange, weight-gradient green, sends/receives t
 the all-reduce and optimizer step purple; the micro-batch number is written in each box.
 White space between boxes is the bubble.
 """
-import argparse
 import json
 import re
 
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from pipe.cli import Parser  # noqa: E402
 
 COLORS = {"F": "#4c8bd6", "B": "#f0a030", "W": "#5bb55b", "all-reduce": "#9a6fc4", "optimizer": "#9a6fc4"}
 
@@ -26,7 +27,7 @@ def load(path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("trace")
     p.add_argument("-o", "--output", default="docs/pipeline.png")
     p.add_argument("--title", default="")

@@ -12,7 +12,6 @@ two forwards: dX and dW are one matrix product each):
   PyNative vjp, F+B       ms.vjp: keeps the forward's closure, runs op by op
 and checks that the two compiled backwards agree.
 """
-import argparse
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import numpy as np
 from mindspore import nn, ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pipe.cli import Parser  # noqa: E402
 from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
 from pipe.chunk import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
 
@@ -37,7 +37,7 @@ def best_ms(fn, repeat=5):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = Parser()
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)

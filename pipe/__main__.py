@@ -10,10 +10,10 @@ The table and the bubble come from one simulated timeline with the costs it prin
 Memory is counted per rank in micro-batches of a whole stage's activations, held from F
 until the last backward piece (W, when the backward is split): a chunk of v holds 1/v.
 """
-import argparse
 import sys
 
 from pipe import schedule as schedules
+from pipe.cli import Parser
 from pipe.config import PipelineConfig, as_flags
 from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
                             measured_costs, simulate)
@@ -65,7 +65,7 @@ def show(schedule, cost, lowered, traced=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pipe",
+    p = Parser(prog="python -m pipe",
                                 description="Print a schedule, simulate it, check its messages.")
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)

@@ -24,6 +24,8 @@ import sys
 
 import mindspore as ms
 
+from pipe.cli import Parser
+
 __all__ = ["step_dir", "save_params", "save_rank", "load_rank", "finish", "latest", "merge",
            "CheckpointError"]
 
@@ -162,8 +164,8 @@ def latest(directory):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m pipe.checkpoint", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m pipe.checkpoint", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["merge"])
     parser.add_argument("directory")
     args = parser.parse_args(argv)

@@ -53,6 +53,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "zb-v, dualpipe-v\n"),
     ([sys.executable, "examples/mnist/build_memory.py", "own", "x"],
      "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
+    ([sys.executable, "examples/mnist/profile_step.py", "CPU", "--micro-batches", "x"],
+     "error: argument --micro-batches: must be a positive integer, got x\n"),
+    ([sys.executable, "-m", "pipe", "--stages", "x"],     # argparse's own check, in one line too
+     "error: argument --stages: invalid int value: 'x'\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)

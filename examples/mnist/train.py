@@ -24,17 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
+from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 from pipe.schedule import SCHEDULES  # noqa: E402
-
-
-def positive_int(text):
-    """An integer flag that must be at least 1, with the value echoed when it is not."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _positive(text):
@@ -52,7 +45,7 @@ def _probability(text):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
     p.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
     p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
