@@ -427,11 +427,16 @@ class Chunk:
 
     def _masks(self, x, draw):
         """The dropout layers' keep masks for input `x`, in layer order."""
+        if self.dropouts and x.shape not in self._mask_shapes:
+            self._mask_shapes[x.shape] = self._input_shapes(x)
+        return self.dropout_masks(x.shape, draw)
+
+    def dropout_masks(self, shape, draw):
+        """The dropout layers' keep masks for an input of `shape` that this chunk has seen
+        (`probe` runs it on its first), in layer order. `draw` None keeps every unit."""
         if not self.dropouts:
             return ()
-        if x.shape not in self._mask_shapes:
-            self._mask_shapes[x.shape] = self._input_shapes(x)
-        shapes = self._mask_shapes[x.shape]
+        shapes = self._mask_shapes[shape]
         if draw is None:
             return tuple(ops.ones(shapes[k], ms.float32) for k, _, _ in self.dropouts)
         return tuple(draw.keep(name, shapes[k], keep) for k, name, keep in self.dropouts)

@@ -148,11 +148,17 @@ class PipelineEngine:
             self._graph = StepGraph(self.layout, self.p2p, update)
         self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self._span("step graph"):
-            share, grads, done = self._graph(*batch.rows())
+            share, grads, done = self._graph(*batch.rows(), self._dropout_masks(batch))
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
         return share
+
+    def _dropout_masks(self, batch):
+        """Each micro-batch's dropout masks for each chunk, as the loop draws them."""
+        vs = [self.schedule.virtual_stage(self.layout.stage, c) for c in range(len(self.chunks))]
+        return tuple(chunk.dropout_masks(self.p2p.shapes[v][0], draw)
+                     for draw in batch.draws for chunk, v in zip(self.chunks, vs))
 
     def _span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()

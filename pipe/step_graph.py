@@ -11,9 +11,10 @@ One call then runs the step: F, B, W and messages, the gradients summed per chun
 when nothing has to be summed with other ranks first (one replica, no tied weights, no
 clipping by the global norm), the optimizer's update too.
 
-What needs the host between actions is refused: dropout (masks drawn on the host),
-layers with buffers (batch norm's statistics are put back after each backward) and
-recomputation. Per-action traces and the watchdog's action position need the loop too.
+Dropout masks are drawn on the host as the loop draws them (pipe.dropout) and go in with
+the micro-batches. What needs the host between actions is refused: layers with buffers
+(batch norm's statistics are put back after each backward) and recomputation.
+Per-action traces and the watchdog's action position need the loop too.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -31,10 +32,6 @@ def check_supported(layout):
     if layout.config.recompute:
         raise ValueError("one_graph cannot recompute activations (the backward's second forward "
                          "is not in the graph); turn recompute or one_graph off")
-    for chunk in layout.chunks:
-        if chunk.dropouts:
-            raise ValueError("one_graph cannot run dropout: its masks are drawn on the host for "
-                             "each micro-batch; turn one_graph off")
     if layout.buffers:
         raise ValueError("one_graph cannot run layers with buffers (batch norm): their statistics "
                          "are restored on the host after each backward; turn one_graph off")
@@ -84,7 +81,8 @@ def updates_in_graph(layout):
 
 
 class StepGraph(nn.Cell):
-    """(the replica's inputs, its labels) -> (this rank's share of the step's loss
+    """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
+    micro-batch first) -> (this rank's share of the step's loss
     (allreduce.loss_share), the summed weight gradients of each of its chunks, a token set
     once its work and messages are done). Given `update` (the optimizer over the chunks'
     parameters, in order), it steps too."""
@@ -111,7 +109,7 @@ class StepGraph(nn.Cell):
         self.micro_batches = layout.config.micro_batches
 
     @ms.jit
-    def construct(self, rows, labels_of_rows):
+    def construct(self, rows, labels_of_rows, masks):
         inputs = ops.split(rows, rows.shape[0] // self.micro_batches)
         labels = ops.split(labels_of_rows, rows.shape[0] // self.micro_batches)
         flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
@@ -131,7 +129,7 @@ class StepGraph(nn.Cell):
             elif code == F:
                 x = ops.depend(inputs[mb] if takes < 0 else flight[takes], done)
                 y = labels[mb] if self.last[c] else self.no_labels
-                out, saved[key] = self.forwards[c](x, y, self.scale, ())
+                out, saved[key] = self.forwards[c](x, y, self.scale, masks[key])
                 done = ops.depend(done, out)
                 if self.last[c]:
                     losses = losses + (out[0],)

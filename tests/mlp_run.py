@@ -30,6 +30,13 @@ def build_model(seed):
     return model
 
 
+def dropout_model(seed):
+    """The same MLP with a dropout (p=0.5) after each hidden ReLU."""
+    blocks = list(build_model(seed).cells())
+    return nn.SequentialCell([nn.SequentialCell([*b.cells(), nn.Dropout(p=0.5)])
+                              for b in blocks[:-1]] + [blocks[-1]])
+
+
 def layer_builders():
     """The same MLP as one builder per layer (pipe.builders): MindSpore's own initial
     weights, drawn per layer from (seed, layer index)."""
@@ -79,7 +86,8 @@ def pipe_run(spec, communicator):
     data = batches(spec["seed"])
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
     before = model_parameters_held()        # earlier runs in this process may hold theirs
-    model = layer_builders() if spec.get("builders") else build_model(spec["seed"])
+    model = (layer_builders() if spec.get("builders") else
+             dropout_model(spec["seed"]) if spec.get("dropout") else build_model(spec["seed"]))
     engine = PipelineEngine(model, LOSS, optimizer(spec["optimizer"]), config,
                             MpiWire(120.0, communicator), sample=sample)
     held = model_parameters_held() - before

@@ -175,9 +175,10 @@ def test_divergence_stops_every_rank_with_the_fix():
 @pytest.mark.parametrize("flag,value,message", [
     ("--micro-batches", "0", "argument --micro-batches: must be a positive integer, got 0"),
     ("--lr", "nan", "argument --lr: must be a positive finite number, got nan"),
-    ("--stages", "two", "argument --stages: invalid positive_int value: 'two'"),
+    ("--stages", "two", "argument --stages: must be a positive integer, got two"),
     ("--save-every", "-1", "--steps (300) and --save-every (-1) cannot be negative"),
 ])
 def test_bad_flags_are_echoed(flag, value, message):
     done = run_example(1, flag, value)
     assert done.returncode == 2 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1          # no usage text before it

@@ -40,9 +40,6 @@ def layout_of(layers, **config):
 
 
 @pytest.mark.parametrize("layers,config,message", [
-    ([nn.Dense(4, 4), nn.Dropout(p=0.5), nn.Dense(4, 2)], {},
-     "one_graph cannot run dropout: its masks are drawn on the host for each micro-batch; "
-     "turn one_graph off"),
     ([nn.Dense(4, 4), nn.BatchNorm1d(4), nn.Dense(4, 2)], {},
      "one_graph cannot run layers with buffers (batch norm): their statistics are restored "
      "on the host after each backward; turn one_graph off"),
@@ -56,19 +53,21 @@ def test_what_needs_the_host_between_actions_is_refused(layers, config, message)
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name):
+@pytest.mark.parametrize("name,model", [("sgd", "mlp"), ("adam", "mlp"), ("sgd", "dropout")])
+def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, model):
     """1F1B on one stage, 4 micro-batches: B sums each micro-batch's gradients into the
     last (no split backward), inside the graph as the loop does it between calls; with
-    nothing to all-reduce, the optimizer (Adam: and its moments) steps inside it too."""
+    nothing to all-reduce, the optimizer (Adam: and its moments) steps inside it too.
+    Dropout: the graph gets the masks the loop draws for each micro-batch."""
     import mindspore as ms
-    from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+    from mlp_run import BATCH, LOSS, batches, build_model, dropout_model, optimizer
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     runs = []
     for one_graph in (False, True):
         config = PipelineConfig(micro_batches=4, batch_size=BATCH, one_graph=one_graph)
-        engine = PipelineEngine(build_model(7), LOSS, optimizer(name), config)
+        layers = build_model(7) if model == "mlp" else dropout_model(7)
+        engine = PipelineEngine(layers, LOSS, optimizer(name), config)
         losses = [engine.train_step(x, y) for x, y in batches(7)]
         runs.append((losses, [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]))
     assert engine.update_in_graph
