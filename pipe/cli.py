@@ -3,7 +3,9 @@ value and the fix, and exit code 2. (argparse prints its whole usage first.)"""
 import argparse
 import sys
 
-__all__ = ["Parser", "positive_int"]
+from pipe.config import as_flags
+
+__all__ = ["Parser", "positive_int", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -21,3 +23,13 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def run(main):
+    """Run a program's `main()`: a value the library refuses (ValueError, TypeError) is
+    told in one line, with the config fields it names shown as the program's flags."""
+    try:
+        main()
+    except (ValueError, TypeError) as e:
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)
+        sys.exit(2)

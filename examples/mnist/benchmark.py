@@ -27,8 +27,9 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
 from train import build_model  # noqa: E402
+from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402
-from pipe.config import PipelineConfig, as_flags  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
 from pipe.trace import Tracer, host_costs, merge_traces  # noqa: E402
@@ -151,8 +152,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, TypeError) as e:   # a bad value: one line naming it and the fix
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)
