@@ -2,14 +2,14 @@
 
 The reference is MindSpore's own TrainOneStepCell on the whole batch, in this process. The
 pipelines drive `PipelineEngine` directly (tests/mlp_run.py), as real processes started by
-mpiexec, all layouts in one launch (tests/mpi_worker.py), on the CPU wire.
+mpiexec, all layouts in one launch (conftest.trained, tests/mpi_worker.py), on the CPU wire.
 """
 import os
 
 import numpy as np
 import pytest
 
-from launch import load, results, run_many
+from launch import load, results
 from mlp_run import build_model, plain_run
 
 SEED = 7
@@ -24,10 +24,8 @@ def spec(root, name, optimizer="sgd", **config):
     return {"config": config, "optimizer": optimizer, "seed": SEED, "save": str(root / name)}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every pipeline's saved weights and every rank's losses, all in one launch."""
-    root = tmp_path_factory.mktemp("transparency")
+def matrix(root):
+    """Every pipeline this module checks (trained in one launch: conftest.trained)."""
     configs = [(p * d, spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d))
                for s, p, d in CASES]
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
@@ -42,10 +40,14 @@ def runs(tmp_path_factory):
                 (4, spec(root, "dualpipe-v-2x2", schedule="dualpipe-v", stages=2, data_parallel=2)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
                 (2, spec(root, "time-2x1", stages=2, partition="time"))]
-    done = run_many(configs)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {entry: (load(root / entry / "model.ckpt"), results(root / entry))
-            for entry in os.listdir(root)}
+    return configs
+
+
+@pytest.fixture(scope="module")
+def runs(trained):
+    """Every pipeline's saved weights and every rank's losses."""
+    names = {os.path.basename(spec["save"]) for _, spec in matrix(trained)}
+    return {name: (load(trained / name / "model.ckpt"), results(trained / name)) for name in names}
 
 
 @pytest.fixture(scope="module")
