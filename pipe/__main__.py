@@ -66,7 +66,7 @@ def show(schedule, cost, lowered, traced=None):
 
 def main(argv=None):
     p = Parser(prog="python -m pipe",
-                                description="Print a schedule, simulate it, check its messages.")
+               description="Print a schedule, simulate it, check its messages.")
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)

@@ -88,9 +88,9 @@ class PipelineEngine:
             self._execute(self.schedule, self.p2p, batch)      # recv -> F -> send ... B, W
             share = allreduce.loss_share(batch.outputs, self.config.micro_batches)
         replicas = layout.topo.data_parallel_ranks(layout.stage)
-        if not self.update_in_graph:
-            self._reduce_and_update(replicas)
         world = tuple(range(layout.topo.world_size))
+        if not self.update_in_graph:
+            self._reduce_and_update(replicas, world)
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if layout.buffers and len(replicas) > 1:
                 allreduce.average_buffers(self.wire, layout.buffers, replicas)
@@ -101,10 +101,9 @@ class PipelineEngine:
                                      "learning rate or check the inputs for NaN/inf")
         return loss
 
-    def _reduce_and_update(self, replicas):
+    def _reduce_and_update(self, replicas, world):
         """Sum the gradients over the replicas (and tied copies), clip them, step."""
         layout = self.layout
-        world = tuple(range(layout.topo.world_size))
         with self.watch.at("the all-reduce of the gradients"), self._span("all-reduce"):
             grads = allreduce.sum_gradients(self.wire, tuple(g for c in self.chunks for g in c.grads),
                                             replicas, layout.tied)
@@ -156,9 +155,9 @@ class PipelineEngine:
 
     def _dropout_masks(self, batch):
         """Each micro-batch's dropout masks for each chunk, as the loop draws them."""
-        vs = [self.schedule.virtual_stage(self.layout.stage, c) for c in range(len(self.chunks))]
-        return tuple(chunk.dropout_masks(self.p2p.shapes[v][0], draw)
-                     for draw in batch.draws for chunk, v in zip(self.chunks, vs))
+        held = self.layout.virtual_stages_held
+        return tuple(chunk.dropout_masks(self.p2p.shapes[vs][0], draw)
+                     for draw in batch.draws for chunk, vs in zip(self.chunks, held))
 
     def _span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()

@@ -110,8 +110,8 @@ class StepGraph(nn.Cell):
 
     @ms.jit
     def construct(self, rows, labels_of_rows, masks):
-        inputs = ops.split(rows, rows.shape[0] // self.micro_batches)
-        labels = ops.split(labels_of_rows, rows.shape[0] // self.micro_batches)
+        size = rows.shape[0] // self.micro_batches
+        inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
         flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
         losses = ()
         # Two chains keep the list's order: `sent` through the messages, `done` through the

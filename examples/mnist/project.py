@@ -39,5 +39,6 @@ def main(argv=None):
         print(f"{args.schedule:8}  {schedule.stages}  {schedule.micro_batches:<3} "
               f"{timeline.makespan:18.1f}  {timeline.bubble:.3f}")
 
+
 if __name__ == "__main__":
     main()

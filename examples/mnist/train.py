@@ -82,7 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
     p.add_argument("--one-graph", action="store_true",
-                   help="run each step as one compiled graph (no dropout, batch norm, recompute)")
+                   help="run each step as one compiled graph (no batch norm, no --recompute)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.save_every < 0:
         p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
