@@ -7,20 +7,22 @@
 #
 # Options: --model small|large|all  --layout PxD|all  --schedule NAME|all
 #          --impl pipe|pipe-graph|builtin|all  (pipe-graph: each step as one compiled graph)
+#          --defer-wgrad (pipe's weight gradients once per step, over all micro-batches)
 #          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
     --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --defer-wgrad) DEFER=--defer-wgrad; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,7 +64,7 @@ wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
 wanted "$IMPL" pipe && PIPES="$PIPES pipe"
 wanted "$IMPL" pipe-graph && PIPES="$PIPES pipe-graph"
-flags_of() { if [ "$1" = pipe-graph ]; then echo --one-graph; fi; }
+flags_of() { echo $DEFER; if [ "$1" = pipe-graph ]; then echo --one-graph; fi; }
 
 for model in small large; do
   wanted "$MODEL" "$model" || continue

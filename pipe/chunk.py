@@ -278,28 +278,26 @@ class _InputGrad(nn.Cell):
 
 
 class _WeightGrad(nn.Cell):
-    """W of a split backward: (accumulators, residuals, stashed output gradients) ->
-    accumulators + this micro-batch's weight gradients. Each is dY^T X for a Dense: no
-    input gradient, no forward recomputed."""
+    """W of a split backward: (accumulators, the inputs of the layers with weights, their
+    stashed output gradients) -> accumulators + the weight gradients over those rows. Each
+    is dY^T X for a Dense: no input gradient, no forward recomputed."""
 
     def __init__(self, layers):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
-        slots_of_layers, self.count = residual_slots(layers)
-        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)
+        slots_of_layers, _ = residual_slots(layers)
+        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)  # W's of the residuals
         self.layers = nn.CellList([layer for _, layer in weighted])
         self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.positions = slots(layers)
 
     @ms.jit
-    def construct(self, accumulators, *tensors):   # tensors: residuals, then stashed dys
+    def construct(self, accumulators, *tensors):   # tensors: layer inputs, then their dys
         grads = ()
-        k = 0
-        for layer in self.layers:
-            grads = grads + self.grad(layer, self.weights[k])(tensors[self.inputs[k]],
-                                                              tensors[self.count + k])
-            k = k + 1
+        n = len(self.layers)
+        for k in range(n):
+            grads = grads + self.grad(self.layers[k], self.weights[k])(tensors[k], tensors[n + k])
         return _accumulate(accumulators, grads, self.positions)
 
 
@@ -402,19 +400,22 @@ class Chunk:
 
     def backward_input(self, mb, dy=None):
         """B of a split backward: the gradient for the previous chunk only. What W needs
-        (each layer's input and output gradient) waits in `saved` until `backward_weight`."""
+        (the input and output gradient of each layer with weights) waits in `saved` until
+        `backward_weight`."""
         key = ("W", self._keys[mb][1])
         with self._buffers_kept():
             saved, start = self._restore(mb)
             dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
-        self._keep(mb, (saved, stashed), key)
+        self._keep(mb, tuple(saved[i] for i in self._weight_grad.inputs) + stashed, key)
         return dx
 
-    def backward_weight(self, mb):
-        """W of a split backward: this micro-batch's weight gradients, accumulated."""
-        saved, stashed = self._take(mb)
+    def backward_weight(self, mbs):
+        """W of a split backward for the micro-batches `mbs`, accumulated: with several
+        (a W deferred to the flush), one product per layer over all their rows."""
+        waiting = [self._take(mb) for mb in mbs]
+        rows = waiting[0] if len(waiting) == 1 else tuple(ops.cat(t) for t in zip(*waiting))
         with self._buffers_kept():
-            self.grads = self._weight_grad(self._accumulators(), *saved, *stashed)
+            self.grads = self._weight_grad(self._accumulators(), *rows)
 
     def _restore(self, mb):
         """The layer residuals of micro-batch `mb` (recomputed if only the input was kept)."""

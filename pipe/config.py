@@ -27,6 +27,7 @@ class PipelineConfig:
     chunks: Optional[int] = None         # v: model chunks per rank (None: pipe.schedule.CHUNKS)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
+    defer_wgrad: bool = False            # weight gradients at the flush, over all micro-batches at once
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
@@ -45,7 +46,7 @@ class PipelineConfig:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
-        for name in ("recompute", "one_graph"):
+        for name in ("recompute", "defer_wgrad", "one_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if not 0 <= self.clip_grad_norm < float("inf"):

@@ -96,7 +96,7 @@ def build_layout(model, loss_fn, config, rank, costs):
     micro-batches and D replicas are then the mini-batch mean."""
     topo = Topology(config.stages, config.data_parallel)
     P, M, v = config.stages, config.micro_batches, config.chunks
-    schedule = checked_schedule(config.schedule, P, M, v)
+    schedule = checked_schedule(config.schedule, P, M, v, config.defer_wgrad)
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, P, costs, chunks=v)
     scale = 1.0 / (M * config.data_parallel)
@@ -109,6 +109,11 @@ def build_layout(model, loss_fn, config, rank, costs):
                             first_layer=all_bounds[vs][0]))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
+    if config.defer_wgrad and any(chunk.buffers for chunk in chunks):
+        raise ValueError("defer_wgrad=True runs each layer's weight gradient once over the rows "
+                         "of all micro-batches: batch norm (a layer with buffers) would normalize "
+                         "them by the statistics of all those rows, not of each micro-batch; "
+                         "turn defer_wgrad off")
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names

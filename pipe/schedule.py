@@ -1,24 +1,27 @@
 """Pipeline schedules as data: for every rank, the ordered list of actions it performs.
 
 A compute action is F (forward), B (backward) or W (weight gradient, only in schedules that
-split the backward), for one micro-batch on one of the rank's model chunks. `lower()` adds
+split the backward), for one micro-batch on one of the rank's model chunks (a W deferred to
+the flush: for all of them, `with_deferred_wgrad`). `lower()` adds
 the point-to-point messages; `pipe.simulator` replays the result to check and time it; the
 engine only executes it. Printing `format_table()` shows the step x rank grid.
 """
 from dataclasses import dataclass, field, replace
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_v",
-           "dualpipe_v", "SCHEDULES", "CHUNKS", "make_schedule", "forward_only", "lower",
-           "message_key", "message_tag", "peak_in_flight"]
+           "dualpipe_v", "SCHEDULES", "CHUNKS", "EVERY", "make_schedule", "with_deferred_wgrad",
+           "forward_only", "lower", "message_key", "message_tag", "peak_in_flight"]
 
 COMPUTE = ("F", "B", "W")
+EVERY = -1           # the micro-batch of a W deferred to the flush: all of the step's
 SEND_F, RECV_F, SEND_B, RECV_B = "sF", "rF", "sB", "rB"
 
 
 @dataclass(frozen=True)
 class Action:
     """One thing a rank does. Prints as `F3` (forward of micro-batch 3), `B3:1` (backward of
-    micro-batch 3 on the rank's model chunk 1), `sF3` / `rF3` (send / receive the activation
+    micro-batch 3 on the rank's model chunk 1), `W*` (the weight gradient of every
+    micro-batch, deferred to the flush), `sF3` / `rF3` (send / receive the activation
     of micro-batch 3), `sB3` / `rB3` (send / receive its gradient); `peer` is the other rank.
     `lower()` stamps each message with its wire `tag` and the `boundary` it crosses (b: into
     virtual stage b, or back out of it), all the wire needs; they follow from the rest."""
@@ -31,7 +34,8 @@ class Action:
     boundary: int = field(default=-1, compare=False)
 
     def __str__(self):
-        return f"{self.kind}{self.mb}" + (f":{self.chunk}" if self.chunk else "")
+        mb = "*" if self.mb == EVERY else self.mb
+        return f"{self.kind}{mb}" + (f":{self.chunk}" if self.chunk else "")
 
     @property
     def is_compute(self):
@@ -45,7 +49,8 @@ class Schedule:
     Rank r's chunk c is virtual stage c*P + r (a loop: with v=1 a rank is simply its
     stage), or with `v_shape` (two chunks) virtual stages r and 2P-1-r: the last rank
     holds the two middle ones and hands the activation from one to the other itself.
-    `split_backward` is True when B computes only the input gradient and W the weights'.
+    `split_backward` is True when B computes only the input gradient and W the weights';
+    `defer_wgrad` when each chunk's W runs once, at the end, for every micro-batch.
     """
 
     name: str
@@ -55,6 +60,7 @@ class Schedule:
     chunks: int = 1
     split_backward: bool = False
     v_shape: bool = False
+    defer_wgrad: bool = False
 
     @property
     def virtual_stages(self):
@@ -326,9 +332,38 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleave
 CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}   # default chunks per rank; else 1
 
 
-def make_schedule(name, stages, micro_batches, chunks=1):
+def with_deferred_wgrad(schedule):
+    """Deferred weight gradients (Megatron's --defer-embedding-wgrad-compute, here for every
+    layer): B computes only the input gradient, and each chunk's W runs once, at the
+    flush, over the rows of all M micro-batches. A Dense's weight gradient is then one
+    matrix product summing over the step's rows, not M products over a micro-batch's rows
+    each added to the sum: the product a single process runs on the whole batch, without
+    the M - 1 passes over the gradient that adding costs. The price: every micro-batch
+    holds its layer inputs and output gradients until the flush (GPipe's M in flight), and
+    no W fills the bubble. 1F1B, P=2, M=4 (`W*` takes M ticks):
+
+        rank0: F0 F1 .  B0 F2 B1 F3 B2 .  B3 W* W* W* W*
+        rank1: .  F0 B0 F1 B1 F2 B2 F3 B3 W* W* W* W*
+
+    The chunk whose last B comes first runs its W first.
+    """
+    actions = []
+    for order in schedule.actions:
+        kept = [a for a in order if a.kind != "W"]
+        last_b = {a.chunk: i for i, a in enumerate(kept) if a.kind == "B"}
+        actions.append(kept + [Action("W", EVERY, c) for c in sorted(last_b, key=last_b.get)])
+    return replace(schedule, actions=actions, split_backward=True, defer_wgrad=True)
+
+
+def make_schedule(name, stages, micro_batches, chunks=1, defer_wgrad=False):
     """The named schedule's compute actions (`chunks` model chunks per rank: any number for
-    interleaved 1F1B, 2 for ZB-V and DualPipeV, else 1)."""
+    interleaved 1F1B, 2 for ZB-V and DualPipeV, else 1), its W deferred to the flush when
+    `defer_wgrad`."""
+    schedule = _named_schedule(name, stages, micro_batches, chunks)
+    return with_deferred_wgrad(schedule) if defer_wgrad else schedule
+
+
+def _named_schedule(name, stages, micro_batches, chunks):
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved-1f1b":
@@ -465,7 +500,9 @@ def peak_in_flight(schedule, rank, through="W"):
     release = "W" if through == "W" and schedule.split_backward else "B"
     held = peak = 0
     for action in schedule.actions[rank]:
-        held += (action.kind == "F") - (action.kind == release)
+        if action.kind == release:
+            held -= schedule.micro_batches if action.mb == EVERY else 1
+        held += action.kind == "F"
         peak = max(peak, held)
     return peak
 

@@ -7,7 +7,7 @@ would hang on real hardware: `Deadlock` names every rank and what it waits for.
 """
 from dataclasses import dataclass
 
-from pipe.schedule import lower, make_schedule, message_key
+from pipe.schedule import EVERY, lower, make_schedule, message_key
 
 __all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position",
            "checked_schedule", "measured_costs", "measured_bubble"]
@@ -45,7 +45,8 @@ class Timeline:
 
 
 def simulate(schedule, costs=None, eager_sends=False):
-    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default 1).
+    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default
+    1) per micro-batch: a W deferred to the flush takes M of them.
 
     With blocking sends (the default) a send waits for its receive: this is the check that
     the schedule cannot hang. With `eager_sends` a send returns at once and its receiver
@@ -69,7 +70,7 @@ def simulate(schedule, costs=None, eager_sends=False):
             _check_local_input(schedule, position, rank, action, finished)
             finished.add((action.kind, action.mb, schedule.virtual_stage(rank, action.chunk)))
             start = clock[rank]
-            clock[rank] += costs[action.kind]
+            clock[rank] += costs[action.kind] * (schedule.micro_batches if action.mb == EVERY else 1)
             spans[rank].append((start, clock[rank], action))
             position[rank] += 1
             return True
@@ -151,9 +152,9 @@ def format_position(schedule, rank, index, context=6):
     return "\n".join(lines)
 
 
-def checked_schedule(name, stages, micro_batches, chunks=1):
+def checked_schedule(name, stages, micro_batches, chunks=1, defer_wgrad=False):
     """The named schedule with its messages, refused if the simulator finds a deadlock."""
-    schedule = lower(make_schedule(name, stages, micro_batches, chunks))
+    schedule = lower(make_schedule(name, stages, micro_batches, chunks, defer_wgrad))
     simulate(schedule)
     return schedule
 
@@ -164,19 +165,23 @@ def _compute_spans(trace_path):
     import re
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    return [e for e in events if e["ph"] == "X" and re.fullmatch(r"[FBW]\d+(:\d+)?", e["name"])]
+    return [e for e in events if e["ph"] == "X" and re.fullmatch(r"[FBW](\d+|\*)(:\d+)?", e["name"])]
 
 
 def measured_costs(trace_path):
-    """(F, B, W) median durations from a recorded trace (pipe.trace). Without W actions in
-    the trace, W is 0 and B is the whole backward."""
+    """(F, B, W) median durations per micro-batch from a recorded trace (pipe.trace): a W
+    deferred to the flush (`W*`) counts for every micro-batch, as many as there are
+    forwards of one chunk. Without W actions in the trace, W is 0 and B is the whole
+    backward."""
     import statistics
     spans = _compute_spans(trace_path)
+    micro_batches = len({e["name"].split(":")[0] for e in spans if e["name"][0] == "F"})
 
-    def median(kind):
-        durations = [e["dur"] for e in spans if e["name"][0] == kind]
+    def median(kind, share=1):
+        durations = [e["dur"] / share for e in spans if e["name"][0] == kind]
         return statistics.median(durations) / 1e3 if durations else 0.0
-    return median("F"), median("B"), median("W")
+    deferred = any(e["name"].startswith("W*") for e in spans)
+    return median("F"), median("B"), median("W", micro_batches if deferred else 1)
 
 
 def measured_bubble(trace_path):

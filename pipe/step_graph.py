@@ -20,6 +20,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from pipe.allreduce import loss_share
+from pipe.schedule import EVERY
 
 __all__ = ["StepGraph", "check_supported", "updates_in_graph"]
 
@@ -73,6 +74,27 @@ def encode(schedule, stage, chunks):
     return tuple(program)
 
 
+def _pick(tensors, positions):
+    picked = ()
+    for i in positions:
+        picked = picked + (tensors[i],)
+    return picked
+
+
+def _rows(waiting):
+    """W's tensors for the micro-batches whose `waiting` entries are given, in order: each
+    tensor the rows of all of them (a W deferred to the flush), as Chunk.backward_weight."""
+    if len(waiting) == 1:
+        return waiting[0]
+    rows = ()
+    for i in range(len(waiting[0])):
+        parts = ()
+        for entry in waiting:
+            parts = parts + (entry[i],)
+        rows = rows + (ops.cat(parts),)
+    return rows
+
+
 def updates_in_graph(layout):
     """Whether the optimizer can step inside the graph: its gradients are final there, with
     no all-reduce (over replicas, tied copies or the global norm) between."""
@@ -97,6 +119,7 @@ class StepGraph(nn.Cell):
         self.backwards = nn.CellList([c._backward for c in chunks])
         self.input_grads = nn.CellList([c._input_grad for c in chunks])
         self.weight_grads = nn.CellList([c._weight_grad for c in chunks])
+        self.weight_inputs = tuple(c._weight_grad.inputs for c in chunks)
         self.scale, self.no_labels = chunks[0]._scale, chunks[0]._no_labels
         self.last = tuple(c.is_last for c in chunks)
         self.split = layout.schedule.split_backward
@@ -112,7 +135,7 @@ class StepGraph(nn.Cell):
     def construct(self, rows, labels_of_rows, masks):
         size = rows.shape[0] // self.micro_batches
         inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
-        flight, saved, starts, stashed, grads = {}, {}, {}, {}, {}
+        flight, saved, starts, waiting, grads = {}, {}, {}, {}, {}
         losses = ()
         # Two chains keep the list's order: `sent` through the messages, `done` through the
         # computations (else the compiler may run a W before the B a peer waits for). A
@@ -139,8 +162,9 @@ class StepGraph(nn.Cell):
             elif code == B:
                 dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
                 if self.split:
-                    dx, stashed[key] = self.input_grads[c](dy, *saved[key])
-                    done = ops.depend(done, stashed[key])
+                    dx, stashed = self.input_grads[c](dy, *saved[key])
+                    waiting[key] = _pick(saved[key], self.weight_inputs[c]) + stashed
+                    done = ops.depend(done, stashed)
                 else:
                     dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *saved[key])
                     done = ops.depend(done, grads[c])
@@ -148,7 +172,10 @@ class StepGraph(nn.Cell):
                 if puts >= 0:
                     flight[puts] = dx
             else:
-                tensors = saved[key] + stashed[key]
+                entries = ()
+                for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
+                    entries = entries + (waiting[m * self.count + c],)
+                tensors = _rows(entries)
                 tensors = (ops.depend(tensors[0], done),) + tensors[1:]
                 grads[c] = self.weight_grads[c](() if index else grads[c], *tensors)
                 done = ops.depend(done, grads[c])

@@ -49,7 +49,7 @@ def one_step(stage, x, dy, split=False):
     if not split:
         return stage.backward(0, dy), stage.grads
     dx = stage.backward_input(0, dy)
-    stage.backward_weight(0)
+    stage.backward_weight([0])
     return dx, stage.grads
 
 

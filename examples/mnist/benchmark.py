@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--trace", metavar="FILE", help="record one extra step as Chrome trace JSON")
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
     p.add_argument("--recompute", action="store_true")
+    p.add_argument("--defer-wgrad", action="store_true",
+                   help="weight gradients once per step, over all micro-batches")
     p.add_argument("--one-graph", action="store_true", help="each step as one compiled graph")
     return p.parse_args(argv)
 
@@ -115,7 +117,7 @@ def main(argv=None):
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
                                 partition=args.partition, recompute=args.recompute, device=device,
-                                one_graph=args.one_graph)
+                                defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                                 sample=x[:args.batch_size // (D * args.micro_batches)])
         rank, stage = engine.wire.rank, engine.layout.stage
@@ -137,12 +139,12 @@ def main(argv=None):
 
     impl = "pipe-graph" if args.impl == "pipe" and args.one_graph else args.impl
     row = {"label": args.label, "impl": impl, "device": device, "stages": P, "data_parallel": D,
-           "schedule": args.schedule if args.impl == "pipe" else "builtin",
+           "schedule": (args.schedule + "+W*" * args.defer_wgrad) if args.impl == "pipe" else "builtin",
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,
            "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
            "peak_memory_bytes": peak_memory(device), "partition": args.partition,
-           "recompute": args.recompute, "one_graph": args.one_graph}
+           "recompute": args.recompute, "defer_wgrad": args.defer_wgrad, "one_graph": args.one_graph}
     if args.impl == "pipe":
         row["bounds"] = engine.layout.all_bounds
         row["peak_activation_bytes"] = sum(chunk.peak_bytes for chunk in engine.chunks)

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash examples/mnist/gpu_checks.sh [OUT_DIR [--one-graph] [SCHEDULE...]]   (2+ GPUs and msrun)
+#   bash examples/mnist/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [SCHEDULE...]]   (2+ GPUs and msrun)
 # Default: every schedule. --one-graph runs the pipelines as one graph per step (the single
-# GPU stays the per-action reference).
+# GPU stays the per-action reference); --defer-wgrad defers the weight gradients of both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
-GRAPH=""; if [ "${1:-}" = --one-graph ]; then GRAPH=--one-graph; shift; fi
+FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
+GRAPH=""
+while [ "${1:-}" = --one-graph ] || [ "${1:-}" = --defer-wgrad ]; do
+  if [ "$1" = --one-graph ]; then GRAPH=--one-graph; else FLAGS="$FLAGS $1"; fi; shift
+done
 ALL=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
-FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'

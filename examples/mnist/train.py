@@ -81,6 +81,8 @@ def parse_args(argv=None):
                    help="split layers by count, by parameters, or by measured time")
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
+    p.add_argument("--defer-wgrad", action="store_true",
+                   help="weight gradients once per step over all micro-batches (no batch norm)")
     p.add_argument("--one-graph", action="store_true",
                    help="run each step as one compiled graph (no batch norm, no --recompute)")
     args = p.parse_args(argv)
@@ -126,7 +128,8 @@ def train(args, wire=None):
                             schedule=args.schedule, device=device, timeout=args.timeout,
                             recompute=args.recompute, partition=args.partition,
                             clip_grad_norm=args.clip_grad_norm, seed=args.seed,
-                            chunks=args.chunks, one_graph=args.one_graph)
+                            chunks=args.chunks, defer_wgrad=args.defer_wgrad,
+                            one_graph=args.one_graph)
     sample = np.zeros((args.batch_size // (args.data_parallel * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
