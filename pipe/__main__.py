@@ -4,11 +4,13 @@ or compare every schedule for one P, M and set of costs.
     python -m pipe --schedule zb-h1 --stages 4 --micro-batches 8
     python -m pipe --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
     python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
+    python -m pipe --schedule zb-v --stages 2 --micro-batches 8 --defer-wgrad
 
 The table and the bubble come from one simulated timeline with the costs it prints
 (`--cost F B W`, or measured from a recorded trace, whose own bubble is printed beside).
 Memory is counted per rank in micro-batches of a whole stage's activations, held from F
 until the last backward piece (W, when the backward is split): a chunk of v holds 1/v.
+With `--defer-wgrad` every schedule runs its weight gradients at the flush (`W*`).
 """
 import sys
 
@@ -28,14 +30,15 @@ def messages(schedule):
     return sum(a.kind[0] == "s" for actions in schedule.actions for a in actions)
 
 
-def compare(stages, micro_batches, chunks, cost):
+def compare(stages, micro_batches, chunks, cost, defer_wgrad):
     """One line per schedule that takes this P and M: bubble, memory, messages."""
-    print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} B={cost[1]:g} W={cost[2]:g}")
+    print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} B={cost[1]:g} W={cost[2]:g}"
+          + (", W* at the flush" if defer_wgrad else ""))
     print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per rank (micro-batches)")
     for name in schedules.SCHEDULES:
         v = chunks if name == "interleaved-1f1b" else schedules.CHUNKS.get(name, 1)
         try:
-            schedule = checked_schedule(name, stages, micro_batches, v)
+            schedule = checked_schedule(name, stages, micro_batches, v, defer_wgrad)
         except ValueError as e:
             print(f"{name:24} (not for this P and M: {as_flags(str(e))})")
             continue
@@ -51,7 +54,8 @@ def show(schedule, cost, lowered, traced=None):
     timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
     print(format_table(schedule, timeline))
     print(f"\ncosts: F={cost[0]:g} B={cost[1]:g} W={cost[2]:g} "
-          f"({'B and W separate' if schedule.split_backward else 'B includes W'})")
+          f"({'B and W separate' if schedule.split_backward else 'B includes W'}"
+          + ("; W* at the flush, all micro-batches at once)" if schedule.defer_wgrad else ")"))
     print(f"bubble: {timeline.bubble:.4f}" + (f" (measured in the trace: {traced:.4f})"
                                               if traced is not None else ""))
     print("peak memory per rank (micro-batches, F until the last backward piece):",
@@ -74,6 +78,8 @@ def main(argv=None):
     p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "B", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
     p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
+    p.add_argument("--defer-wgrad", action="store_true",
+                   help="weight gradients at the flush, one W* per chunk over all micro-batches")
     p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
     args = p.parse_args(argv)
     name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
@@ -84,8 +90,9 @@ def main(argv=None):
         cost = measured_costs(args.measured) if args.measured else args.cost
         traced = measured_bubble(args.measured) if args.measured else None
         if args.schedule == "all":
-            return compare(args.stages, args.micro_batches, config.chunks, cost)
-        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks)
+            return compare(args.stages, args.micro_batches, config.chunks, cost, args.defer_wgrad)
+        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks,
+                                    args.defer_wgrad)
     except ValueError as e:          # one line naming the value and the fix, exit code 2
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         raise SystemExit(2)

@@ -66,6 +66,22 @@ def test_per_layer_backward_equals_differentiating_the_slice(mode):
     assert_same_backward(dx, grads, layers, x, dy)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute):
+    """W* (pipe.schedule.with_deferred_wgrad): two micro-batches' B, then one W over both:
+    the weight gradients autograd gives for their rows stacked, and what waits for W is
+    only each weighted layer's input and output gradient (3 Dense: 6 tensors)."""
+    layers, x, dy = mlp(), tensor(8, 6), tensor(8, 3)
+    stage = Chunk(layers, is_first=False, recompute=recompute)
+    stage.zero_grads()
+    for mb in (0, 1):
+        stage.forward(mb, x[4 * mb:4 * mb + 4])
+    dxs = [stage.backward_input(mb, dy[4 * mb:4 * mb + 4]) for mb in (0, 1)]
+    assert [len(stage.saved[mb]) for mb in (0, 1)] == [6, 6]
+    stage.backward_weight([0, 1])
+    assert_same_backward(ops.cat(dxs), stage.grads, layers, x, dy)
+
+
 RELUS = {"between Dense layers": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)],
          "last in the chunk": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3), nn.ReLU()],
          "first in the chunk": [nn.ReLU(), nn.Dense(6, 3)]}

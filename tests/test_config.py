@@ -20,7 +20,7 @@ def test_interleaved_defaults_to_two_chunks_per_rank():
     assert PipelineConfig(schedule="interleaved-1f1b", chunks=3).chunks == 3
 
 
-@pytest.mark.parametrize("field", ["recompute", "one_graph"])
+@pytest.mark.parametrize("field", ["recompute", "defer_wgrad", "one_graph"])
 def test_switches_take_only_true_or_false(field):
     with pytest.raises(ValueError) as err:
         PipelineConfig(**{field: "yes"}).check()

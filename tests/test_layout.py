@@ -38,3 +38,16 @@ def test_more_virtual_stages_than_layers_is_refused_naming_stages_and_chunks():
     assert str(err.value) == ("cannot split 3 layers into stages=2 x chunks=2 = 4 virtual stages: "
                               "every one needs at least one layer; use fewer stages or chunks, or "
                               "a deeper model")
+
+
+def test_deferred_weight_gradients_refuse_batch_norm():
+    """W* runs a layer once over all micro-batches' rows: batch norm's gradient would see
+    the statistics of them all, not each micro-batch's. A wrong result is refused."""
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.BatchNorm1d(4), nn.Dense(4, 2)])
+    config = PipelineConfig(micro_batches=2, batch_size=4, defer_wgrad=True)
+    with pytest.raises(ValueError) as err:
+        build_layout(model, nn.MSELoss(), config, 0, "uniform")
+    assert str(err.value) == (
+        "defer_wgrad=True runs each layer's weight gradient once over the rows of all "
+        "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
+        "of all those rows, not of each micro-batch; turn defer_wgrad off")

@@ -1,7 +1,8 @@
 """Schedules as data: literal step x rank tables, and the invariants every schedule keeps."""
 import pytest
 
-from pipe.schedule import CHUNKS, SCHEDULES, action_costs, lower, make_schedule, message_key, peak_in_flight
+from pipe.schedule import (CHUNKS, EVERY, SCHEDULES, action_costs, lower, make_schedule, message_key,
+                           peak_in_flight)
 from pipe.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
@@ -275,6 +276,52 @@ def test_schedule_invariants(name, stages, micro_batches):
     simulate(schedule)                      # blocking semantics: raises if it could hang
 
 
+ONE_F_ONE_B_2x4_DEFERRED_WGRAD = """\
+step rank0 rank1
+0    F0    .
+1    F1    F0
+2    .     B0
+3    B0    F1
+4    F2    B1
+5    B1    F2
+6    F3    B2
+7    B2    F3
+8    .     B3
+9    B3    W*
+10   W*    W*
+11   W*    W*
+12   W*    W*
+13   W*    ."""
+
+
+def test_deferred_wgrad_table():
+    """1F1B with W deferred to the flush (the docstring's timeline): B passes the gradient
+    on, one W* per rank takes M ticks at the end."""
+    schedule = lower(make_schedule("1f1b", 2, 4, defer_wgrad=True))
+    assert format_table(schedule) == ONE_F_ONE_B_2x4_DEFERRED_WGRAD
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("stages,micro_batches", [(1, 2), (2, 4), (3, 6), (4, 8)])
+def test_deferred_wgrad_keeps_f_and_b_and_ends_each_chunk_with_one_w(name, stages, micro_batches):
+    """The schedule's F and B in their order and its messages, no W until each chunk's one
+    W* at the end, after its last B; every micro-batch is held until then (M per chunk)."""
+    if name == "interleaved-1f1b" and stages == 1:
+        return
+    plain = build(name, stages, micro_batches)
+    schedule = lower(make_schedule(name, stages, micro_batches, plain.chunks, defer_wgrad=True))
+    assert schedule.split_backward and schedule.defer_wgrad
+    for rank in range(stages):
+        actions = compute(schedule, rank)
+        assert [a for a in actions if a.kind != "W"] == [a for a in compute(plain, rank) if a.kind != "W"]
+        flush = actions[-plain.chunks:]
+        assert [a.kind for a in flush] == ["W"] * plain.chunks and all(a.mb == EVERY for a in flush)
+        assert sorted(a.chunk for a in flush) == list(range(plain.chunks))
+        assert peak_in_flight(schedule, rank) == plain.chunks * micro_batches
+    assert sorted(message_pairs(schedule)[0]) == sorted(message_pairs(plain)[0])
+    simulate(schedule)
+
+
 def test_zb_h1_holds_1f1b_peak_memory_until_w():
     """A waiting W keeps its micro-batch's layer inputs: counted until W, every rank holds
     at most P micro-batches, 1F1B's peak (Qi et al., Table 2); P=8: 8, not 15."""
@@ -361,6 +408,23 @@ def test_dualpipe_v_bubble(stages, micro_batches, costs):
     if f == b == w:
         assert idle == pytest.approx((stages - 1) * f)
     assert idle <= (stages - 1) * ((f + b + w) + (b + w) - 3 * w) + 1e-9
+
+
+def test_cli_compares_every_schedule_with_deferred_wgrad(capsys):
+    """W* costs M x W and every micro-batch waits for it: the bubble the flush adds, the
+    memory it holds (the speed is the kernels', docs/benchmarks.md section 14)."""
+    from pipe.__main__ import main
+    main(["--schedule", "all", "--stages", "2", "--micro-batches", "4", "--defer-wgrad"])
+    assert capsys.readouterr().out == """\
+P=2 M=4, costs F=1 B=1 W=1, W* at the flush
+schedule                  bubble  messages  peak memory per rank (micro-batches)
+gpipe                     0.1429         8  4 4
+1f1b                      0.1429         8  4 4
+interleaved-1f1b (v=2)    0.0769        24  4 4
+zb-h1                     0.1429         8  4 4
+zb-v                      0.0769        16  4 4
+dualpipe-v                0.0769        16  4 4
+"""
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):

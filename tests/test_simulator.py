@@ -87,3 +87,17 @@ def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
     from pipe.__main__ import main
     main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1", "--measured", str(trace)])
     assert "bubble: 0.3333 (measured in the trace: 0.4545)\n" in capsys.readouterr().out
+
+
+def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
+    """`W*` ran once for the 2 micro-batches it found forwarded: 6 ms is 3 ms of W each;
+    it is compute in the bubble too (2 ranks x 14 ms, 22 ms of it busy)."""
+    def span(name, rank, start, dur):
+        return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
+    events = [span("F0", 0, 0, 2000), span("F1", 0, 2000, 2000), span("B0", 0, 6000, 1000),
+              span("B1", 0, 7000, 1000), span("W*", 0, 8000, 6000),
+              span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert measured_costs(trace) == (2.0, 1.0, 3.0)
+    assert measured_bubble(trace) == pytest.approx(1 - 22000 / (2 * 14000))

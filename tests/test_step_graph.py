@@ -5,7 +5,7 @@ from mindspore import nn
 
 from pipe.config import PipelineConfig
 from pipe.layout import build_layout
-from pipe.schedule import lower, make_schedule
+from pipe.schedule import EVERY, lower, make_schedule
 from pipe.step_graph import B, F, RECV, SEND, W, check_supported, encode
 
 
@@ -53,11 +53,20 @@ def test_what_needs_the_host_between_actions_is_refused(layers, config, message)
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name):
+def test_a_deferred_w_starts_its_chunks_sum():
+    """With the weight gradients deferred, B only passes the gradient on; the one W* (all
+    micro-batches: EVERY) starts and ends the chunk's sum."""
+    program = encode(lower(make_schedule("1f1b", 1, 2, defer_wgrad=True)), 0, 1)
+    assert program == ((F, 0, 0, -1, -1, 0), (B, 0, 0, -1, -1, 0), (F, 1, 0, -1, -1, 0),
+                       (B, 1, 0, -1, -1, 0), (W, EVERY, 0, -1, -1, 1))
+
+
+@pytest.mark.parametrize("name,defer_wgrad", [("sgd", False), ("adam", False), ("sgd", True)])
+def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad):
     """1F1B on one stage, 4 micro-batches: B sums each micro-batch's gradients into the
     last (no split backward), inside the graph as the loop does it between calls; with
     nothing to all-reduce, the optimizer (Adam: and its moments) steps inside it too.
+    Deferred, W* takes the 4 micro-batches' rows at once, cut and joined in the graph.
     (Dropout's masks in the graph: tests/test_transparency.py.)"""
     import mindspore as ms
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
@@ -65,7 +74,8 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     runs = []
     for one_graph in (False, True):
-        config = PipelineConfig(micro_batches=4, batch_size=BATCH, one_graph=one_graph)
+        config = PipelineConfig(micro_batches=4, batch_size=BATCH, one_graph=one_graph,
+                                defer_wgrad=defer_wgrad)
         engine = PipelineEngine(build_model(7), LOSS, optimizer(name), config)
         losses = [engine.train_step(x, y) for x, y in batches(7)]
         runs.append((losses, [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]))

@@ -38,6 +38,8 @@ def matrix(root):
                      "dropout": True}),
                 (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
                 (4, spec(root, "dualpipe-v-2x2", schedule="dualpipe-v", stages=2, data_parallel=2)),
+                (4, spec(root, "defer-wgrad-zb-v-2x2", "adam", schedule="zb-v", stages=2,
+                         data_parallel=2, defer_wgrad=True)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
                 (2, spec(root, "time-2x1", stages=2, partition="time"))]
     return configs
@@ -125,6 +127,15 @@ def test_one_graph_step_is_bitwise_the_per_action_loop(runs, name):
 
 def test_adam_pipeline_equals_single_process(runs, plain):
     assert_same_weights(runs["adam-2x2"][0], plain["adam"][0])
+
+
+def test_deferred_weight_gradients_equal_single_process(runs, plain):
+    """Each chunk's W once per step over its replica's 4 micro-batches (defer_wgrad), in
+    ZB-V's V with two replicas, under Adam: the whole batch's gradient, every rank's loss."""
+    got, results = runs["defer-wgrad-zb-v-2x2"]
+    assert_same_weights(got, plain["adam"][0])
+    for result in results.values():
+        np.testing.assert_allclose(result["losses"], plain["adam"][1], rtol=1e-6)
 
 
 def test_one_graph_with_dropout_and_the_optimizer_inside_is_bitwise_the_loop(runs):
