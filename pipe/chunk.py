@@ -286,7 +286,7 @@ class _WeightGrad(nn.Cell):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
         slots_of_layers, _ = residual_slots(layers)
-        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)  # W's of the residuals
+        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)  # the residuals W reads
         self.layers = nn.CellList([layer for _, layer in weighted])
         self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
@@ -347,7 +347,7 @@ class Chunk:
         self._no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
         self.training = None   # the mode the layers are in
-        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from)
+        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from), or after B what W reads
         self._keys, self._sizes = {}, {}   # micro-batch -> kind of its entry; kind -> bytes
         self.grads = ()        # accumulated weight gradients, in `params` order (() at a step's start)
         self.held_bytes = self.peak_bytes = 0

@@ -370,10 +370,7 @@ def test_zb_h1_bubble_is_the_papers(stages, micro_batches, costs):
     assert makespan - micro_batches * (f + b + w) == pytest.approx((stages - 1) * (f + b - w))
 
 
-def test_cli_compares_every_schedule(capsys):
-    from pipe.__main__ import main
-    main(["--schedule", "all", "--stages", "2", "--micro-batches", "4"])
-    assert capsys.readouterr().out == """\
+COMPARED = """\
 P=2 M=4, costs F=1 B=1 W=1
 schedule                  bubble  messages  peak memory per rank (micro-batches)
 gpipe                     0.2000         8  4 4
@@ -383,6 +380,26 @@ zb-h1                     0.0769         8  2 2
 zb-v                      0.0400        16  2 2
 dualpipe-v                0.0400        16  2.5 2.5
 """
+
+COMPARED_DEFERRED_WGRAD = """\
+P=2 M=4, costs F=1 B=1 W=1, W* at the flush
+schedule                  bubble  messages  peak memory per rank (micro-batches)
+gpipe                     0.1429         8  4 4
+1f1b                      0.1429         8  4 4
+interleaved-1f1b (v=2)    0.0769        24  4 4
+zb-h1                     0.1429         8  4 4
+zb-v                      0.0769        16  4 4
+dualpipe-v                0.0769        16  4 4
+"""
+
+
+@pytest.mark.parametrize("flags,table", [([], COMPARED), (["--defer-wgrad"], COMPARED_DEFERRED_WGRAD)])
+def test_cli_compares_every_schedule(capsys, flags, table):
+    """Deferred, W* costs M x W and every micro-batch waits for it: the bubble the flush
+    adds and the memory it holds (its speed is the kernels', docs/benchmarks.md 14)."""
+    from pipe.__main__ import main
+    main(["--schedule", "all", "--stages", "2", "--micro-batches", "4"] + flags)
+    assert capsys.readouterr().out == table
 
 
 @pytest.mark.parametrize("stages,micro_batches", [(2, 3), (2, 8), (3, 6), (4, 7), (4, 16), (8, 32)])
@@ -408,23 +425,6 @@ def test_dualpipe_v_bubble(stages, micro_batches, costs):
     if f == b == w:
         assert idle == pytest.approx((stages - 1) * f)
     assert idle <= (stages - 1) * ((f + b + w) + (b + w) - 3 * w) + 1e-9
-
-
-def test_cli_compares_every_schedule_with_deferred_wgrad(capsys):
-    """W* costs M x W and every micro-batch waits for it: the bubble the flush adds, the
-    memory it holds (the speed is the kernels', docs/benchmarks.md section 14)."""
-    from pipe.__main__ import main
-    main(["--schedule", "all", "--stages", "2", "--micro-batches", "4", "--defer-wgrad"])
-    assert capsys.readouterr().out == """\
-P=2 M=4, costs F=1 B=1 W=1, W* at the flush
-schedule                  bubble  messages  peak memory per rank (micro-batches)
-gpipe                     0.1429         8  4 4
-1f1b                      0.1429         8  4 4
-interleaved-1f1b (v=2)    0.0769        24  4 4
-zb-h1                     0.1429         8  4 4
-zb-v                      0.0769        16  4 4
-dualpipe-v                0.0769        16  4 4
-"""
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):
