@@ -347,7 +347,8 @@ class Chunk:
         self._no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
         self.training = None   # the mode the layers are in
-        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from), or after B what W reads
+        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from);
+                               # after its B (split backward): what its W reads
         self._keys, self._sizes = {}, {}   # micro-batch -> kind of its entry; kind -> bytes
         self.grads = ()        # accumulated weight gradients, in `params` order (() at a step's start)
         self.held_bytes = self.peak_bytes = 0
