@@ -46,7 +46,8 @@ def _slot(kind, mb, chunk, chunks):
 
 def encode(schedule, stage, chunks):
     """Each action of `stage`'s lowered list as constant integers, what the graph branches
-    on while it is compiled: (code, micro-batch, chunk, takes, puts, index). `takes` is the
+    on while it is compiled: (code, micro-batch (EVERY: a W deferred to the flush), chunk,
+    takes, puts, index). `takes` is the
     slot an action reads (-1: the micro-batch's input, or the loss gradient), `puts` the
     slot it writes (-1: none); `index` is a message's place in the rank's messages, or for
     a computation 1 when it starts its chunk's gradient sum."""
@@ -75,6 +76,7 @@ def encode(schedule, stage, chunks):
 
 
 def _pick(tensors, positions):
+    """tensors[i] for each i of `positions`, as a loop the graph compiler unrolls."""
     picked = ()
     for i in positions:
         picked = picked + (tensors[i],)
@@ -82,8 +84,9 @@ def _pick(tensors, positions):
 
 
 def _rows(waiting):
-    """W's tensors for the micro-batches whose `waiting` entries are given, in order: each
-    tensor the rows of all of them (a W deferred to the flush), as Chunk.backward_weight."""
+    """W's tensors from the `waiting` entries of one or more micro-batches: with several (a W
+    deferred to the flush) each tensor holds the rows of all of them, in micro-batch order,
+    as in Chunk.backward_weight."""
     if len(waiting) == 1:
         return waiting[0]
     rows = ()
