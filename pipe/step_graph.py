@@ -47,10 +47,10 @@ def _slot(kind, mb, chunk, chunks):
 def encode(schedule, stage, chunks):
     """Each action of `stage`'s lowered list as constant integers, what the graph branches
     on while it is compiled: (code, micro-batch (EVERY: a W deferred to the flush), chunk,
-    takes, puts, index). `takes` is the
-    slot an action reads (-1: the micro-batch's input, or the loss gradient), `puts` the
-    slot it writes (-1: none); `index` is a message's place in the rank's messages, or for
-    a computation 1 when it starts its chunk's gradient sum."""
+    takes, puts, index). `takes` is the slot an action reads (-1: the micro-batch's input,
+    or the loss gradient), `puts` the slot it writes (-1: none); `index` is a message's
+    place in the rank's messages, or for a computation 1 when it starts its chunk's
+    gradient sum."""
     program, started, message = [], set(), 0
     for action in schedule.actions[stage]:
         code, mb, c = CODES[action.kind], action.mb, action.chunk
