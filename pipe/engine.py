@@ -20,7 +20,7 @@ from pipe.comm import WireTimeout, connect
 from pipe.handshake import connect_stages
 from pipe.layout import plan
 from pipe.schedule import EVERY
-from pipe.step_graph import StepGraph, check_supported, updates_in_graph
+from pipe.step_graph import StepGraph, updates_in_graph
 from pipe.watchdog import PipelineError, Watch
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -52,8 +52,6 @@ class PipelineEngine:
         self.config = config
         self.wire = wire or connect(config.device, config.timeout)
         self.layout = plan(model, loss_fn, config, self.wire, sample)
-        if config.one_graph:
-            check_supported(self.layout)
         # With one graph and nothing to all-reduce, the optimizer steps inside the graph.
         self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
         self.chunks, self.schedule = self.layout.chunks, self.layout.schedule

@@ -16,9 +16,10 @@ from pipe.chunk import Chunk
 from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
+from pipe.step_graph import check_supported
 from pipe.topology import Topology
 
-__all__ = ["Layout", "build_layout", "plan"]
+__all__ = ["Layout", "build_layout", "plan", "check_exact"]
 
 
 @dataclass
@@ -71,6 +72,18 @@ class Layout:
                 "chunks": c.chunks, "bounds": [list(b) for b in self.all_bounds]}
 
 
+def check_exact(config, buffers):
+    """Refuse what would not train exactly with layers holding `buffers` (batch norm's
+    statistics): the step as one graph, and weight gradients deferred to the flush."""
+    if config.one_graph:
+        check_supported(config, buffers)
+    if config.defer_wgrad and buffers:
+        raise ValueError("defer_wgrad runs each layer's weight gradient once over the rows "
+                         "of all micro-batches: batch norm (a layer with buffers) would normalize "
+                         "them by the statistics of all those rows, not of each micro-batch; "
+                         "turn defer_wgrad off")
+
+
 def plan(model, loss_fn, config, wire, sample=None):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
@@ -83,6 +96,7 @@ def plan(model, loss_fn, config, wire, sample=None):
                              "partition='uniform' or explicit layer counts per stage")
     else:
         check_model(model)
+        check_exact(config, model.untrainable_params())   # every rank, whole model: all refuse
     topo = Topology(config.stages, config.data_parallel)
     topo.check_world_size(wire.size)
     costs = config.partition if config.partition != "time" else \
@@ -109,11 +123,7 @@ def build_layout(model, loss_fn, config, rank, costs):
                             first_layer=all_bounds[vs][0]))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
-    if config.defer_wgrad and any(chunk.buffers for chunk in chunks):
-        raise ValueError("defer_wgrad=True runs each layer's weight gradient once over the rows "
-                         "of all micro-batches: batch norm (a layer with buffers) would normalize "
-                         "them by the statistics of all those rows, not of each micro-batch; "
-                         "turn defer_wgrad off")
+    check_exact(config, [b for chunk in chunks for b in chunk.buffers])
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names

@@ -28,12 +28,13 @@ F, B, W, SEND, RECV = range(5)
 CODES = {"F": F, "B": B, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
 
 
-def check_supported(layout):
-    """Refuse, with the reason, what the step graph cannot run exactly."""
-    if layout.config.recompute:
+def check_supported(config, buffers):
+    """Refuse, with the reason, what the step graph cannot run exactly (`buffers`: the
+    model's, or this rank's layers')."""
+    if config.recompute:
         raise ValueError("one_graph cannot recompute activations (the backward's second forward "
                          "is not in the graph); turn recompute or one_graph off")
-    if layout.buffers:
+    if buffers:
         raise ValueError("one_graph cannot run layers with buffers (batch norm): their statistics "
                          "are restored on the host after each backward; turn one_graph off")
 
@@ -113,7 +114,7 @@ class StepGraph(nn.Cell):
     parameters, in order), it steps too."""
 
     def __init__(self, layout, p2p, update=None):
-        """`layout` passed `check_supported` (the engine checks it before any message)."""
+        """`layout` passed `check_supported` (pipe.layout checks it before any message)."""
         super().__init__(auto_prefix=False)
         chunks = layout.chunks
         for chunk in chunks:

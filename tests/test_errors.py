@@ -22,6 +22,10 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
      "--stages 3 or fewer, or a deeper model"),
     (2, ["--stages", 2, "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1"),
+    (2, ["--stages", 2, "--model", "cnn", "--defer-wgrad", "--timeout", 30],   # batch norm on one stage
+     "error: defer_wgrad runs each layer's weight gradient once over the rows of all "
+     "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
+     "of all those rows, not of each micro-batch; turn defer_wgrad off"),
 ])
 def test_mistake_fails_on_every_rank(ranks, flags, message):
     done = run_example(ranks, *SMALL, *flags, timeout=120)

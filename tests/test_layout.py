@@ -48,6 +48,6 @@ def test_deferred_weight_gradients_refuse_batch_norm():
     with pytest.raises(ValueError) as err:
         build_layout(model, nn.MSELoss(), config, 0, "uniform")
     assert str(err.value) == (
-        "defer_wgrad=True runs each layer's weight gradient once over the rows of all "
+        "defer_wgrad runs each layer's weight gradient once over the rows of all "
         "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
         "of all those rows, not of each micro-batch; turn defer_wgrad off")
