@@ -19,7 +19,6 @@ from pipe import allreduce, checkpoint, microbatch
 from pipe.comm import WireTimeout, connect
 from pipe.handshake import connect_stages
 from pipe.layout import plan
-from pipe.schedule import EVERY
 from pipe.step_graph import StepGraph, updates_in_graph
 from pipe.watchdog import PipelineError, Watch
 
@@ -194,10 +193,8 @@ class PipelineEngine:
         else:
             self._outbox[key] = tensor
 
-    def _weight_grad(self, action, batch):
-        every = action.mb == EVERY           # deferred to the flush: all at once
-        self.chunks[action.chunk].backward_weight(
-            range(self.config.micro_batches) if every else (action.mb,))
+    def _weight_grad(self, action, batch):   # one micro-batch, or all (deferred to the flush)
+        self.chunks[action.chunk].backward_weight(self.schedule.micro_batches_of(action))
 
     def _send(self, action, batch):          # sF / sB: the activation or gradient F / B made
         self._p2p_now.send(self._outbox.pop((action.kind[1], action.mb, action.chunk)), action)

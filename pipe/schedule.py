@@ -76,6 +76,10 @@ class Schedule:
             return 2 * self.stages - 1 - rank
         return chunk * self.stages + rank
 
+    def micro_batches_of(self, action):
+        """The micro-batches `action` works on: all of them for a W deferred to the flush."""
+        return tuple(range(self.micro_batches)) if action.mb == EVERY else (action.mb,)
+
     def chunk_of(self, virtual_stage):
         """Which of its rank's chunks a virtual stage is."""
         return virtual_stage // self.stages
@@ -501,7 +505,7 @@ def peak_in_flight(schedule, rank, through="W"):
     held = peak = 0
     for action in schedule.actions[rank]:
         if action.kind == release:
-            held -= schedule.micro_batches if action.mb == EVERY else 1
+            held -= len(schedule.micro_batches_of(action))
         held += action.kind == "F"
         peak = max(peak, held)
     return peak

@@ -7,7 +7,7 @@ would hang on real hardware: `Deadlock` names every rank and what it waits for.
 """
 from dataclasses import dataclass
 
-from pipe.schedule import EVERY, lower, make_schedule, message_key
+from pipe.schedule import lower, make_schedule, message_key
 
 __all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position",
            "checked_schedule", "measured_costs", "measured_bubble"]
@@ -70,7 +70,7 @@ def simulate(schedule, costs=None, eager_sends=False):
             _check_local_input(schedule, position, rank, action, finished)
             finished.add((action.kind, action.mb, schedule.virtual_stage(rank, action.chunk)))
             start = clock[rank]
-            clock[rank] += costs[action.kind] * (schedule.micro_batches if action.mb == EVERY else 1)
+            clock[rank] += costs[action.kind] * len(schedule.micro_batches_of(action))
             spans[rank].append((start, clock[rank], action))
             position[rank] += 1
             return True
