@@ -37,15 +37,17 @@ def summarize(lines):
         memory = defaultdict(int)
         for r in ranks:
             memory[r["stage"]] = max(memory[r["stage"]], r["peak_memory_bytes"])
+        deferred = ranks[0].get("defer_wgrad", False)
         rows.append({"model": f"{layers}x{hidden} b{batch}", "layout": f"{P}x{D}", "impl": impl,
-                     "schedule": schedule if P > 1 else "-", "M": M, "step_ms": step,
-                     "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
+                     "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
+                     "step_ms": step, "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
+                     "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_rank0": host_line(ranks)})
-    def single(row, micro_batches):       # pipe's one device, run the same way (graph or not)
-        impl = "pipe-graph" if row["impl"] == "pipe-graph" else "pipe"
+    def single(row, micro_batches):       # pipe's one device, run the same way (graph or not,
+        impl = "pipe-graph" if row["impl"] == "pipe-graph" else "pipe"     # W deferred or not)
         found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == impl
-                 and r["devices"] == 1 and r["M"] == micro_batches]
+                 and r["deferred"] == row["deferred"] and r["devices"] == 1 and r["M"] == micro_batches]
         return found[0] if found else float("nan")
     for row in rows:
         row["speedup"] = row["samples_per_s"] / single(row, 1)
