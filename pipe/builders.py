@@ -11,8 +11,14 @@ layers a process builds: every layout, and one process building them all, start 
 same model. Its parameters are named as in `nn.SequentialCell(built layers)` (`3.weight`).
 
 What needs every layer is refused with the fix: partition="parameters" or "time" (they
-weigh every layer), and tied weights (a builder cannot return a layer another rank built).
+weigh every layer), and tied weights. A builder that returns a weight made outside it (an
+embedding captured by the builders of the input layer and of the output head) would give
+each rank its own copy, with no summed gradient: the copies would drift apart. It is found
+by identity: every parameter of a built layer must be new, made by its builder.
 """
+import gc
+import weakref
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn
@@ -21,6 +27,11 @@ from pipe.chunk import leaves
 from pipe.partition import check_layer
 
 __all__ = ["LayerBuilders", "layer_seed"]
+
+NOT_NEW = ("a builder makes its layer's weights when called, so build the layer inside it. A "
+           "weight shared by two layers (a tied embedding and output head) cannot be given as "
+           "builders: each rank builds only its own layers, and each copy would train on its "
+           "own; give such a model as an nn.SequentialCell, whose tied weights pipe keeps equal")
 
 
 def layer_seed(seed, index):
@@ -36,6 +47,7 @@ class LayerBuilders:
             raise TypeError("a model given as a list is one builder per layer, a function "
                             "returning an nn.Cell; layers already built go in an nn.SequentialCell")
         self.builders, self.seed, self.built = list(builders), seed, {}
+        self.existing = _parameters_alive()   # a built layer may hold none of these
 
     def __len__(self):
         return len(self.builders)
@@ -49,16 +61,36 @@ class LayerBuilders:
                                 "nn.Cell: each builder returns one layer")
             for leaf in leaves([layer]):
                 check_layer(i, leaf)
+            self._check_new(i, layer)
             self.built[i] = layer
         return self.built[i]
 
-    def parameters_and_names(self):
-        """The built layers' parameters and buffers, named as in the whole model."""
+    def _check_new(self, i, layer):
+        """Refuse a layer holding a weight made outside its builder, or one that another
+        built layer holds too."""
+        others = {id(p) for built in self.built.values() for p in built.get_parameters()}
+        for p in layer.get_parameters():
+            if id(p) in self.existing and self.existing[id(p)]() is p:
+                held = "was made before the builders ran"
+            elif id(p) in others:
+                held = "another built layer holds too"
+            else:
+                continue
+            raise TypeError(f"layer builder {i} returned a layer with parameter {p.name!r}, "
+                            f"which {held}: {NOT_NEW}")
+
+    def cells_and_names(self):
+        """The built layers and their cells, named by their paths in the whole model."""
         for i in sorted(self.built):
-            for name, p in self.built[i].parameters_and_names():
-                yield f"{i}.{name}", p
+            for name, cell in self.built[i].cells_and_names():
+                yield (f"{i}.{name}" if name else str(i)), cell
 
     def whole(self):
         """Every layer built, as the nn.SequentialCell one process would train."""
         return nn.SequentialCell([self[i] for i in range(len(self))])
 
+
+def _parameters_alive():
+    """{id: weak reference} of every MindSpore Parameter alive in this process now."""
+    return {id(o): weakref.ref(o) for o in gc.get_objects()
+            if issubclass(type(o), ms.Parameter)}   # type(): no weak proxies

@@ -26,8 +26,8 @@ import mindspore as ms
 
 from pipe.cli import Parser
 
-__all__ = ["step_dir", "save_params", "save_rank", "load_rank", "finish", "latest", "merge",
-           "CheckpointError"]
+__all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "latest",
+           "merge", "CheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -78,22 +78,25 @@ def save_rank(where, layout, optimizer):
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
 
 
-def load_rank(where, layout, optimizer):
+def load_params(params, saved, source, fix):
+    """Set each of `params` ({whole-model name: Parameter}) from `saved` ({name: tensor},
+    from `source`); a name missing there, or another shape, is refused with `fix`."""
+    for name, p in params.items():
+        if name not in saved or tuple(saved[name].shape) != tuple(p.shape):
+            found = f"shape {tuple(saved[name].shape)}" if name in saved else "nothing"
+            raise CheckpointError(f"{source} holds {found} for '{name}', this model has shape "
+                                  f"{tuple(p.shape)}: it was saved from another model; {fix}")
+        p.set_data(saved[name])
+
+
+def load_rank(where, params, optimizer):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
-    parameters and buffers come by whole-model name from the merged model, the optimizer
+    parameters and buffers (`params`, by whole-model name) come from the merged model, the optimizer
     state (moments named after their parameters) from every stage's optimizer file. So a
     run saved on 2 stages resumes on 3 stages x 2 replicas, or with another schedule or
     split; only another model is refused."""
-    model = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
-    for chunk, names in zip(layout.chunks, layout.names):
-        for p, name in zip(chunk.state, names):
-            if name not in model or tuple(model[name].shape) != tuple(p.shape):
-                found = f"shape {tuple(model[name].shape)}" if name in model else "nothing"
-                raise CheckpointError(
-                    f"checkpoint {where!r} holds {found} for '{name}', this model has shape "
-                    f"{tuple(p.shape)}: it was saved from another model; resume with the "
-                    "model that saved it, or start without resuming")
-            p.set_data(model[name])
+    load_params(params, ms.load_checkpoint(os.path.join(where, "model.ckpt")), f"checkpoint {where!r}",
+                 "resume with the model that saved it, or start without resuming")
     state = {}
     for path in sorted(glob.glob(optimizer_file(where, "*"))):
         state.update(ms.load_checkpoint(path))

@@ -22,9 +22,10 @@ one but runs op by op; see docs/benchmarks.md for the measurements behind this c
 from contextlib import contextmanager
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
-__all__ = ["Chunk", "leaves", "is_plain_sequence"]
+__all__ = ["Chunk", "RandomLayer", "leaves", "is_plain_sequence"]
 
 
 def is_plain_sequence(cell):
@@ -332,12 +333,12 @@ class Chunk:
         self.layers = leaves(layers)
         self.params = distinct(p for layer in self.layers for p in layer.trainable_params())
         self.buffers = distinct(p for layer in self.layers for p in layer.untrainable_params())
-        named = [(first_layer + i, j)          # (layer of the model, leaf within it)
-                 for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
-        self.dropouts = [(k, named[k], layer.dropout.keep_prob)
+        self.named = [(first_layer + i, j)     # (layer of the model, leaf within it)
+                      for i, layer in enumerate(layers) for j in range(len(leaves([layer])))]
+        self.dropouts = [(k, self.named[k], layer.dropout.keep_prob)
                          for k, layer in enumerate(self.layers) if keeps_mask(layer)]
         self._mask_shapes = {}  # input shape -> each dropout layer's input shape
-        self.is_last = loss_fn is not None
+        self.is_last, self.loss_fn = loss_fn is not None, loss_fn
         self._forward = _Forward(self.layers, loss_fn)
         self._infer = _Infer(self.layers)
         self._backward = _Backward(self.layers, input_grad=not is_first)
@@ -472,12 +473,80 @@ class Chunk:
         self._mode(False)
         return self._infer(x)
 
-    def probe(self, x, labels):
-        """Run the training forward once on `x` (checking and compiling it), keeping nothing
-        and leaving the buffers as they were. Returns the (shape, dtype) of this chunk's
-        output (on the last chunk, the model's: the logits' gradient has the logits' shape)."""
+    def probe(self, x, labels, training=True):
+        """Run the forward on `x` as a step will (compiling it), keeping nothing and leaving
+        the buffers as they were. Returns the (shape, dtype) of this chunk's output (on the
+        model's last chunk, the logits'). In training mode it runs twice and raises
+        `RandomLayer` if the two differ: a layer drawing its own random numbers would draw
+        others when its backward runs it again. (`predict` probes in eval mode, no loss.)"""
+        self._mode(training)
+        if not training:
+            out = self._infer(x)
+            return tuple(out.shape), out.dtype
+        labels = self._no_labels if labels is None else labels
+        with self._buffers_kept():
+            runs = [self._forward(x, labels, self._scale, self._masks(x, None))[0] for _ in range(2)]
+        if not all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
+                   for a, b in zip(_flat(runs[0]), _flat(runs[1]))):
+            raise RandomLayer(f"{self._random_layer(x)} draws random numbers inside: two runs "
+                              "of its forward on the same input differ, and pipe's backward "
+                              "runs it again, drawing others; make each dropout an nn.Dropout "
+                              "layer of its own (pipe draws its mask once per micro-batch)")
+        out = runs[0][1] if self.is_last else runs[0]
+        return tuple(out.shape), out.dtype
+
+    def _random_layer(self, x):
+        """The first layer whose output differs between two eager runs on the same input."""
+        with self._buffers_kept():
+            for k, layer in enumerate(self.layers):
+                y = layer(x)
+                if not keeps_mask(layer) and not all(np.array_equal(
+                        a.asnumpy(), b.asnumpy(), equal_nan=True) for a, b in zip(_flat(y), _flat(layer(x)))):
+                    return self.describe_layer(k)
+                x = y
+        return f"a layer of {self.describe_layer(0)} to {self.describe_layer(len(self.layers) - 1)}"
+
+    def describe_layer(self, k):
+        """Leaf layer k as a user knows it: its index in the whole model (and its place
+        within that layer, when pipe split a nested SequentialCell), and its class."""
+        i, j = self.named[k]
+        part = f".{j}" if sum(1 for n in self.named if n[0] == i) > 1 else ""
+        return f"layer {i}{part} ({type(self.layers[k]).__name__})"
+
+    def locate_failure(self, x, labels):
+        """Where the training forward fails on `x` when run eagerly, piece by piece:
+        (k, what, its exception) for leaf layer k, or k = len(layers) for the loss; None
+        when every piece runs alone (the failure is in compiling them together)."""
         self._mode(True)
         with self._buffers_kept():
-            out, _ = self._forward(x, labels, self._scale, self._masks(x, None))
-        out = out[1] if self.is_last else out
-        return tuple(out.shape), out.dtype
+            for k, layer in enumerate(self.layers):
+                try:
+                    y = layer(x)
+                except Exception as error:       # the user's code: any exception
+                    return k, f"{self.describe_layer(k)}, given {_spec(x)}", error
+                x = y
+            if self.is_last and labels is not None:
+                try:
+                    self.loss_fn(x, labels)
+                except Exception as error:
+                    return len(self.layers), f"loss_fn, given logits of {_spec(x)} and " \
+                                             f"labels of {_spec(labels)}", error
+        return None
+
+
+class RandomLayer(TypeError):
+    """A layer draws random numbers inside: pipe's backward would run it again and draw others."""
+
+
+def _spec(x):
+    """What a piece was given, in words: `shape (4, 8) Float32`, or what it was instead."""
+    if isinstance(x, ms.Tensor):
+        return f"shape {tuple(x.shape)} {x.dtype}"
+    return f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else f"a {type(x).__name__}"
+
+
+def _flat(out):
+    """The tensors of a forward's output, nested tuples flattened."""
+    if isinstance(out, (tuple, list)):
+        return [t for part in out for t in _flat(part)]
+    return [out]

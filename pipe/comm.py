@@ -19,7 +19,8 @@ import time
 import numpy as np
 import mindspore as ms
 
-__all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint", "WireTimeout"]
+__all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint",
+           "WireTimeout", "PeerFailed"]
 
 
 # Every dtype a pipeline may send, and its numpy type for the CPU wire (None: numpy has none).
@@ -31,6 +32,11 @@ class WireTimeout(RuntimeError):
     """A send, receive or all-reduce saw no progress for `timeout` seconds."""
 
 
+class PeerFailed(RuntimeError):
+    """Another rank failed, and this one stops rather than wait for it: that rank's error
+    says why (its message is one line pointing there)."""
+
+
 class SoloWire:
     """One process, nothing to talk to: all-reduce over a group of one is the identity."""
 
@@ -40,13 +46,19 @@ class SoloWire:
     def all_reduce(self, tensor, ranks):
         return tensor
 
-    def abort(self, code):
+    def abort(self, code, reason=""):
         sys.exit(code)
 
 
 class MpiWire:
     """mpi4py on CPU. Tensors travel as numpy arrays; waits poll so they can time out.
-    `communicator` (default: all processes) lets one launch host several pipelines."""
+    `communicator` (default: all processes) lets one launch host several pipelines.
+
+    A rank that fails tells every other rank first (`abort`): a short notice on a tag of
+    its own, which every wait also polls for, so a peer waiting on the failed rank stops
+    at once with a line naming it (`PeerFailed`) instead of waiting out its deadline."""
+
+    NOTICE = 32767                       # the tag of a failure notice (MPI allows at least this)
 
     def __init__(self, timeout, communicator=None):
         from mpi4py import MPI
@@ -61,15 +73,24 @@ class MpiWire:
         and a long wait (a peer compiling) leaves the CPU to the processes doing work."""
         deadline, pause = time.monotonic() + self.timeout, 20e-6
         while not request.Test():
+            status = self.MPI.Status()
+            if self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.NOTICE, status=status):
+                peer = status.Get_source()
+                notice = self.world.recv(source=peer, tag=self.NOTICE)
+                raise PeerFailed(f"rank {self.rank} stopped waiting to {what}: rank {peer} "
+                                 f"failed ({notice}); rank {peer}'s error says why")
             if time.monotonic() > deadline:     # (not cancelled: the job is ended next)
                 raise WireTimeout(f"rank {self.rank}: no progress for {self.timeout:g} s while "
                                   f"waiting to {what}")
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
-    def abort(self, code, grace=2.0):
-        """End every process of the job (a normal exit would wait for stuck peers), after a
-        moment in which peers whose deadlines also expired can report where they were."""
+    def abort(self, code, reason="", grace=2.0):
+        """End every process of the job (a normal exit would wait for stuck peers): first
+        a notice of `reason` to every rank, then a moment in which peers can say where they
+        were."""
+        notices = [self.world.isend(reason or "it ended", dest=peer, tag=self.NOTICE)  # noqa: F841
+                   for peer in range(self.size) if peer != self.rank]   # (alive until Abort)
         sys.stderr.flush()
         time.sleep(grace)
         self.world.Abort(code)
@@ -139,8 +160,10 @@ class MindSporeWire:
             self.ops[key] = make()
         return self.ops[key]
 
-    def abort(self, code):
-        os._exit(code)              # peers still waiting end by their own watchdogs
+    def abort(self, code, reason=""):
+        """msrun ends every other worker within a second of one exiting with an error
+        (its join loop); peers of other launchers end by their own watchdogs."""
+        os._exit(code)
 
     def send(self, tensor, dst, tag):
         self._op(("send", dst, tag), lambda: ms.ops.Send(tag, dst, group=self.world))(tensor)

@@ -10,6 +10,8 @@ schedule actions: F, B, W and the sends/receives between them, one call each, or
 nothing about order; `pipe.schedule` does (`python -m pipe` prints one).
 """
 import math
+import os
+import tempfile
 from contextlib import nullcontext
 
 import mindspore as ms
@@ -20,7 +22,7 @@ from pipe.comm import WireTimeout, connect
 from pipe.handshake import connect_stages
 from pipe.layout import plan
 from pipe.step_graph import StepGraph, updates_in_graph
-from pipe.watchdog import PipelineError, Watch
+from pipe.watchdog import PipelineError, Watch, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError"]
 
@@ -50,6 +52,11 @@ class PipelineEngine:
         config.check()
         self.config = config
         self.wire = wire or connect(config.device, config.timeout)
+        if self.wire.size > 1:           # peers must not wait on a rank that failed
+            end_job_on_uncaught(self.wire)
+        # MindSpore writes a failed compile's report under ./rank_<r>/om/ unless told otherwise.
+        os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(),
+                                                         f"pipe-compile-rank{self.wire.rank}"))
         self.layout = plan(model, loss_fn, config, self.wire, sample)
         # With one graph and nothing to all-reduce, the optimizer steps inside the graph.
         self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
@@ -58,6 +65,7 @@ class PipelineEngine:
         self._update = _CompiledUpdate(self.optimizer)
         self.watch = Watch(self.wire, self.layout.stage, self.layout.replica, config.timeout)
         self.p2p = None                  # set by the shape handshake before the first step
+        self.trains_checked = False      # whether the handshake ran the training forward
         self._graph = None               # the step as one compiled graph, when config.one_graph
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.step = 0                    # optimizer steps taken (dropout masks depend on it)
@@ -71,7 +79,7 @@ class PipelineEngine:
         layout = self.layout
         batch = microbatch.split(self.config, inputs, labels, layout.replica, self.step + 1)
         self.step += 1                   # counted once the batch is accepted
-        if self.p2p is None:
+        if not self.trains_checked:
             self._handshake(batch)
         for chunk in self.chunks:
             chunk.zero_grads()
@@ -116,7 +124,7 @@ class PipelineEngine:
         model's outputs as numpy on every rank, or only on the last stage when `broadcast` is
         off (None elsewhere), like MindSpore's pipeline_result_broadcast."""
         batch = microbatch.split_for_predict(self.config, inputs)
-        if self.p2p is None:
+        if self.p2p is None:             # (before the first train_step: eval mode, no loss)
             self._handshake(batch)
         self._execute(self.layout.forward_only, self.p2p.with_rows(len(batch.inputs[0])), batch)
         self.watch.end(self.layout.forward_only)
@@ -217,7 +225,7 @@ class PipelineEngine:
         """Load the newest checkpoint in `directory` (verified), saved with this layout or
         any other; returns its meta."""
         where, meta = checkpoint.latest(directory)
-        checkpoint.load_rank(where, self.layout, self.optimizer)
+        checkpoint.load_rank(where, self.parameters_dict(), self.optimizer)
         self.step = meta["step"]
         return meta
 
@@ -228,5 +236,21 @@ class PipelineEngine:
     def _handshake(self, batch):
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             self.p2p, self.output_spec = connect_stages(self.wire, self.layout, batch.inputs[0],
-                                                        batch.labels[0])
+                                                        batch.labels[0], batch.training)
+        self.trains_checked = batch.training
+
+    # ---- weights by whole-model name --------------------------------------------------
+    def parameters_dict(self):
+        """{whole-model name: Parameter} of this rank's parameters and buffers, named as
+        `mindspore.save_checkpoint` names them in the unsplit model (`3.weight`), in every
+        mode: a rank's stages rename their cells, and one_graph wraps them again."""
+        return {name: p for chunk, names in zip(self.chunks, self.layout.names)
+                for name, p in zip(names, chunk.state)}
+
+    def load_parameters(self, param_dict):
+        """Set this rank's parameters and buffers from `param_dict` ({whole-model name:
+        Parameter or Tensor}, as `mindspore.load_checkpoint` reads the merged model.ckpt
+        or a checkpoint of the unsplit model). Refuses a missing name or another shape."""
+        checkpoint.load_params(self.parameters_dict(), param_dict, "the parameters given",
+                               "load those of the model this engine trains")
 

@@ -13,6 +13,7 @@ from functools import cached_property
 
 from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk
+from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
 from pipe.schedule import forward_only, lower
 from pipe.simulator import checked_schedule
@@ -101,7 +102,8 @@ def plan(model, loss_fn, config, wire, sample=None):
     topo.check_world_size(wire.size)
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, topo.world_size)
-    return build_layout(model, loss_fn, config, wire.rank, costs)
+    # What only this rank builds or checks (its layers) may fail here alone: all fail.
+    return agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
 
 
 def build_layout(model, loss_fn, config, rank, costs):

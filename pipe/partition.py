@@ -7,10 +7,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.chunk import is_plain_sequence, keeps_mask, leaves
+from pipe.chunk import is_plain_sequence, leaves
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
-           "timed_costs", "tied_weights"]
+           "timed_costs", "tied_weights", "whole_model_names"]
 
 
 def check_model(model):
@@ -29,12 +29,9 @@ def check_model(model):
 
 
 def check_layer(i, layer):
-    """Refuse one layer (leaf `layer` of the model's layer i) that pipe could not train exactly."""
-    inner = [type(c).__name__ for _, c in layer.cells_and_names() if "Dropout" in type(c).__name__]
-    if inner and not keeps_mask(layer):
-        raise TypeError(f"layer {i} ({type(layer).__name__}) draws random numbers inside "
-                        f"({', '.join(inner)}): its backward would run it again and draw "
-                        "others; make each dropout an nn.Dropout layer of its own")
+    """Refuse one layer (leaf `layer` of the model's layer i) that pipe could not train
+    exactly. (A layer that draws random numbers is found by what it does, before the first
+    step: pipe.handshake.)"""
     for p in layer.trainable_params():
         if p.dtype != ms.float32:
             raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe trains "
@@ -138,19 +135,29 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks
     return bounds
 
 
+def whole_model_names(model):
+    """{id(parameter): its name in the whole `model`}, as MindSpore names it in
+    `parameters_dict()`, `save_checkpoint` and `load_param_into_net`: the path of the
+    parameter in the model (`3.weight`). A weight reachable by several paths (a tied
+    embedding and output head) has one name there, that of the last cell that took it
+    (`5.table`, not `0.embedding_table`): MindSpore names a parameter as each cell that
+    holds it is put in place, and the last one wins."""
+    paths = {}
+    for cell_path, cell in model.cells_and_names():
+        for name, p in cell.parameters_and_names(expand=False):
+            paths.setdefault(id(p), []).append(f"{cell_path}.{name}" if cell_path else name)
+    return {key: found[-1] for key, found in paths.items()}
+
+
 def partition(model: nn.SequentialCell, bounds):
     """The layers from `bounds` (first, last + 1: one of `stage_bounds`), and the names
     that their parameters, then their buffers (batch norm's moving statistics), have in the
-    whole `model`: the order of `Chunk.params + Chunk.buffers`.
-
-    Names are taken from the unpartitioned model so that per-stage checkpoints merge
-    back into one that loads into it.
+    whole `model` (`whole_model_names`): the order of `Chunk.params + Chunk.buffers`. So
+    per-stage checkpoints merge back into one that loads into the unsplit model.
     """
     first, last = bounds
     layers = [model[i] for i in range(first, last)]
-    names = {}
-    for name, p in model.parameters_and_names():    # a tied weight keeps its first name
-        names.setdefault(id(p), name)
+    names = whole_model_names(model)
     params = {id(p): p for cell in layers for p in cell.trainable_params()}   # distinct, in order
     buffers = {id(p): p for cell in layers for p in cell.untrainable_params()}
     return layers, [names[i] for i in params] + [names[i] for i in buffers]
@@ -171,15 +178,24 @@ def tied_weights(model, bounds, params, names, ranks_of_stage):
     use (a tied embedding and output head). Each copy starts equal (same seed); summing their
     gradients over all copies before every step keeps them equal. `names` are the params'
     whole-model names (the order of the all-reduces, the same on every rank);
-    `ranks_of_stage(vs)` lists the ranks (one per replica) that run virtual stage vs."""
+    `ranks_of_stage(vs)` lists the ranks (one per replica) that run virtual stage vs.
+    Every rank checks every tied weight of the whole model, so all refuse together."""
     users = {}
     for vs, (first, last) in enumerate(bounds):
         for layer in model[first:last]:
             for p in layer.trainable_params():
                 users.setdefault(id(p), set()).add(vs)
-    if len({id(p) for p in params}) < len(params):
-        raise ValueError("a weight is shared by two model chunks of the same rank: use "
-                         "other chunks or another partition")
+    whole = whole_model_names(model)
+    for key, stages in users.items():
+        holders = {}
+        for vs in sorted(stages):
+            holders.setdefault(ranks_of_stage(vs)[0], []).append(vs)
+        for rank, held in holders.items():
+            if len(held) > 1:
+                raise ValueError(f"weight {whole[key]!r} is used by virtual stages {held}, all "
+                                 f"on rank {rank} (as chunks of its own): pipe keeps a tied "
+                                 "weight's copies on different ranks; use a schedule with one "
+                                 "chunk per rank, or another partition")
     tied = {}
     for k in sorted(range(len(params)), key=lambda k: names[k]):
         p = params[k]

@@ -2,7 +2,8 @@
 
 Every piece of a step that may wait on peers runs inside `Watch.at(position)`: an error
 in it becomes a `PipelineError` naming the rank, its stage and replica, and the action in
-its schedule (`abort()` then ends the job, since peers may be waiting on this rank).
+its schedule (`abort()` then ends the job, since peers may be waiting on this rank). An
+error nobody catches ends the job too (`end_job_on_uncaught`), whatever its type.
 
 Wires that cannot time out by themselves (NCCL/HCCL sends and receives) also get a
 `Watchdog`: the watch announces each step with `begin(kind)`, arms it with
@@ -18,9 +19,35 @@ import threading
 import time
 from contextlib import contextmanager
 
+from pipe.comm import PeerFailed
 from pipe.simulator import format_position
 
-__all__ = ["PipelineError", "Watch", "Watchdog"]
+__all__ = ["PipelineError", "Watch", "Watchdog", "end_job_on_uncaught"]
+
+
+def first_line(error):
+    """An error in one line, as a failure notice to the peers carries it: the cause of a
+    PipelineError (which only adds where this rank was)."""
+    if isinstance(error, PipelineError) and error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def end_job_on_uncaught(wire):
+    """Make an exception that no one catches end the whole job, not only this process:
+    its peers would otherwise wait on this rank until their deadlines (`python -m mpi4py`
+    does the same). It is printed as usual (a peer's failure as its one line), then the
+    wire tells every rank and ends the job (`abort`)."""
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        if isinstance(error, PeerFailed):
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, trace)
+        wire.abort(1, first_line(error))
+    sys.excepthook = hook
 
 
 class PipelineError(RuntimeError):
@@ -32,7 +59,7 @@ class PipelineError(RuntimeError):
         self.wire = wire
 
     def abort(self, code=1):
-        self.wire.abort(code)
+        self.wire.abort(code, first_line(self))
 
 
 class Watch:
@@ -58,6 +85,8 @@ class Watch:
     def reported(self, position, catch=Exception):
         try:
             yield
+        except PeerFailed:               # another rank's error: it says where
+            raise
         except catch as e:
             raise PipelineError(f"{e}\n{self.describe(position)}", self.wire) from e
 

@@ -3,12 +3,13 @@ training it like one process, and building only their own layers: tests/test_tra
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
+from mindspore import nn, ops
 
 from mlp_run import LOSS, layer_builders
 from pipe.builders import LayerBuilders
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
+from pipe.partition import whole_model_names
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -26,7 +27,7 @@ def test_only_asked_layers_are_built_and_named_as_in_the_whole_model():
     model = LayerBuilders(layer_builders(), seed=0)
     model[1], model[3]
     assert sorted(model.built) == [1, 3]
-    assert [name for name, _ in model.parameters_and_names()] == [
+    assert list(whole_model_names(model).values()) == [
         "1.0.weight", "1.0.bias", "3.weight", "3.bias"]
 
 
@@ -35,7 +36,32 @@ def engine(model, **config):
                           PipelineConfig(batch_size=4, **config))
 
 
+EMBEDDING = nn.Embedding(32, 4)     # made outside the builders, then captured by two of them
+
+
+class TiedHead(nn.Cell):
+    def __init__(self, embedding):
+        super().__init__()
+        self.table = embedding.embedding_table
+
+    def construct(self, h):
+        return ops.matmul(h, self.table.T)
+
+
+BUILT_ELSEWHERE = ("a builder makes its layer's weights when called, so build the layer inside "
+                   "it. A weight shared by two layers (a tied embedding and output head) cannot "
+                   "be given as builders: each rank builds only its own layers, and each copy "
+                   "would train on its own; give such a model as an nn.SequentialCell, whose "
+                   "tied weights pipe keeps equal")
+
+
 @pytest.mark.parametrize("model,config,error,message", [
+    ([lambda: EMBEDDING, lambda: nn.Dense(4, 4), lambda: TiedHead(EMBEDDING)], {},
+     TypeError, "layer builder 0 returned a layer with parameter 'embedding_table', which was "
+                f"made before the builders ran: {BUILT_ELSEWHERE}"),
+    ([lambda: nn.Dense(4, 4), lambda: TiedHead(EMBEDDING)], {}, TypeError,
+     "layer builder 1 returned a layer with parameter 'embedding_table', which was made before "
+     f"the builders ran: {BUILT_ELSEWHERE}"),
     (layer_builders(), {"partition": "parameters"}, ValueError,
      "partition='parameters' weighs every layer, which a model given as layer builders does "
      "not build on every rank; use partition='uniform' or explicit layer counts per stage"),

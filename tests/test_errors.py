@@ -1,10 +1,12 @@
 """Usage mistakes fail on every rank, before any message, with the values and the fix."""
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
-from launch import ENV, ROOT, run_example
+from launch import ENV, ROOT, run_check, run_example
 
 SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic"]
 
@@ -65,3 +67,65 @@ def test_damaged_mnist_file_is_named(tmp_path):
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, message)
+
+
+CHECK = "check before the first step failed: "
+BUILT_ELSEWHERE = (
+    "TypeError: layer builder 1 returned a layer with parameter 'embedding_table', which was made "
+    "before the builders ran: a builder makes its layer's weights when called, so build the "
+    "layer inside it. A weight shared by two layers (a tied embedding and output head) cannot be "
+    "given as builders: each rank builds only its own layers, and each copy would train on its "
+    "own; give such a model as an nn.SequentialCell, whose tied weights pipe keeps equal")
+TIED_ON_ONE_RANK = (
+    "ValueError: weight '3.table' is used by virtual stages [0, 3], all on rank 0 (as chunks of "
+    "its own): pipe keeps a tied weight's copies on different ranks; use a schedule with one "
+    "chunk per rank, or another partition")
+
+
+def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
+    """tests/failure_check.py: each case is caught on both ranks, in turn, so none may leave
+    a rank waiting. The rank where the model failed says why and where (the layer, the loss,
+    the boundary); the other names that rank in one line."""
+    done = run_check("failure_check.py", 2, "before", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pointer = "PeerFailed: the check before the first step failed on rank {0} (stage {0}): rank {0}'s error says why"
+    report = ("(MindSpore's compile report: "
+              f"{os.path.join(tempfile.gettempdir(), 'pipe-compile-rank1')}/rank_0/om/analyze_fail.ir)")
+    assert done.outs[0].splitlines() == [
+        "tuple: rank 0: " + pointer.format(1),
+        "random: rank 0: RuntimeError: " + CHECK + "stage 0 (layers 0 to 1) failed on the input "
+        "batch, of shape (2, 8) Float32: layer 1 (HiddenDropout) draws random numbers inside: two "
+        "runs of its forward on the same input differ, and pipe's backward runs it again, drawing "
+        "others; make each dropout an nn.Dropout layer of its own (pipe draws its mask once per "
+        "micro-batch)",
+        "targets: rank 0: " + pointer.format(1),
+        "tied-zb-v: rank 0: " + TIED_ON_ONE_RANK,
+        "tied-builders: rank 0: PeerFailed: rank 1 failed while building its stages: rank 1's "
+        "error says why"]
+    assert done.outs[1].splitlines() == [
+        "tuple: rank 1: RuntimeError: " + CHECK + "stage 1 (layers 2 to 3) failed on stage 0's "
+        "output (the boundary between layers 1 and 2), of shape (2, 8) Float32: layer 3 (Dense), "
+        "given a tuple of 2, raised TypeError: For primitive[Shape], the input argument must be "
+        "Tensor, but got <class 'tuple'>. " + report,
+        "random: rank 1: " + pointer.format(0),
+        "targets: rank 1: RuntimeError: " + CHECK + "stage 1 (layer 1) failed on stage 0's output "
+        "(the boundary between layers 0 and 1), of shape (2, 8) Float32: loss_fn, given logits of "
+        "shape (2, 3) Float32 and labels of shape (2,) Float32, raised TypeError: For "
+        "primitive[SparseSoftmaxCrossEntropyWithLogits], the input argument[labels_type] must be a "
+        "type of {Tensor[Int32], Tensor[Int64]}, but got Tensor[Float32]. " + report,
+        "tied-zb-v: rank 1: " + TIED_ON_ONE_RANK,
+        "tied-builders: rank 1: " + BUILT_ELSEWHERE]
+
+
+def test_a_backward_failing_mid_step_ends_every_rank_at_once():
+    """Rank 1's first backward raises and nobody catches it: the job ends within seconds
+    (the deadline is 300 s; the launch is killed, and the test fails, after 120), rank 1
+    printing its error and where it was, rank 0 one line naming rank 1."""
+    done = run_check("failure_check.py", 2, "during", timeout=120)
+    assert done.returncode != 0
+    assert done.errs[0] == ("error: rank 0 stopped waiting to send (tag 6) to rank 1: rank 1 "
+                            "failed (ValueError: 'this layer has no backward'); rank 1's error "
+                            "says why\n")
+    assert "ValueError: 'this layer has no backward'" in done.errs[1]
+    assert "rank 1 (stage 1, replica 0) was at action 2 (B0) of its 1f1b schedule" in done.errs[1]
+    assert done.stdout == ""

@@ -51,9 +51,6 @@ def engine(model, **config):
                                  "construct: pipe would split it by its children and skip that "
                                  "construct; wrap the block with the skip connection as one layer "
                                  "of a plain nn.SequentialCell"),
-    (nn.SequentialCell([nn.Dense(4, 4), NoisyBlock()]),
-     "layer 1 (NoisyBlock) draws random numbers inside (Dropout): its backward would run it again "
-     "and draw others; make each dropout an nn.Dropout layer of its own"),
     (nn.SequentialCell([nn.Dense(4, 4, dtype=ms.float16)]),
      "parameter '0.weight' of layer 0 is Float16: pipe trains float32 parameters (mixed precision "
      "with a loss scale is not implemented); keep the weights float32 and cast inside the layer"),
@@ -133,12 +130,74 @@ def test_dtype_mismatch_is_named_as_one():
                               "Float32; cast the input batch to Float32")
 
 
+def test_half_precision_compute_is_not_a_dtype_mismatch():
+    """fp16 compute with fp32 parameters (`to_float` on every Dense) takes fp32 inputs."""
+    model = nn.SequentialCell([nn.Dense(8, 4).to_float(ms.float16), nn.ReLU(),
+                               nn.Dense(4, 3).to_float(ms.float16)])
+    loss = engine(model, micro_batches=2).train_step(np.ones((4, 8), np.float32), np.zeros(4, np.int32))
+    assert np.isfinite(loss)
+
+
 def test_bfloat16_is_refused_by_the_cpu_wire_up_front():
-    stage = Chunk([nn.Dense(4, 4)], is_first=False)
     carried = MpiWire(5.0).dtypes
-    assert check_input(stage, ((2, 4), ms.bfloat16), carried) == ("wire", 2)
-    assert check_input(stage, ((2, 4), ms.float32), carried) is None
-    assert check_input(stage, ((2, 4), ms.float16), carried) == ("dtype", 0)
+    assert check_input(((2, 4), ms.bfloat16), carried) == ("wire", 2)
+    assert check_input(((2, 4), ms.float32), carried) is None
+    assert check_input(((2, 4), ms.bfloat16), None) is None      # the input batch: not carried
+
+
+class HiddenDropout(nn.Cell):
+    """Randomness in a layer's own construct: no nn.Dropout cell, nothing in its name."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(4, 4)
+
+    def construct(self, x):
+        return ops.dropout(self.dense(x), p=0.5)
+
+
+class GraphOnly(nn.Cell):
+    """Runs eagerly, but cannot compile: a host call inside the graph."""
+
+    def construct(self, x):
+        return ms.Tensor(x.asnumpy())
+
+
+RANDOM = ("draws random numbers inside: two runs of its forward on the same input differ, and "
+          "pipe's backward runs it again, drawing others; make each dropout an nn.Dropout layer "
+          "of its own (pipe draws its mask once per micro-batch)")
+
+
+@pytest.mark.parametrize("layer,message", [
+    (NoisyBlock(), "layer 1 (NoisyBlock) " + RANDOM),
+    (HiddenDropout(), "layer 1 (HiddenDropout) " + RANDOM),
+    (GraphOnly(), "compiling its forward failed (each layer ran alone): "),
+])
+def test_what_the_model_does_wrong_is_told_before_the_first_step(layer, message):
+    """A layer drawing its own random numbers is found by running its forward twice, not by
+    its name; an error the model raises only when compiled is told as such, with
+    MindSpore's report, which lands outside the working directory."""
+    model = nn.SequentialCell([nn.Dense(4, 4), layer, nn.Dense(4, 3)])
+    with pytest.raises(RuntimeError) as err:
+        engine(model).train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+    assert str(err.value).startswith("check before the first step failed: stage 0 (layers 0 to 2) "
+                                     "failed on the input batch, of shape (4, 4) Float32: " + message)
+    assert not os.path.exists(os.path.join(os.getcwd(), "rank_0"))
+
+
+def test_predict_before_the_first_train_step_needs_no_labels():
+    """predict checks the stages in eval mode without the loss (which here wants labels
+    shaped like the logits); the first train_step then checks the loss with real labels."""
+    def build():
+        ms.set_seed(3)
+        return nn.SequentialCell([nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 2)])
+    mse = nn.MSELoss()
+    x, y = np.ones((4, 4), np.float32), np.zeros((4, 2), np.float32)
+    first = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), PipelineConfig(batch_size=4))
+    before = first.predict(x)
+    np.testing.assert_allclose(before, build()(ms.Tensor(x)).asnumpy(), rtol=1e-6)
+    plain = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), PipelineConfig(batch_size=4))
+    assert first.train_step(x, y) == plain.train_step(x, y)
 
 
 def test_clipping_equals_clip_by_global_norm():

@@ -82,3 +82,27 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
     assert engine.update_in_graph
     (losses, loop), (graph_losses, graph) = runs
     assert losses == graph_losses and all((a == b).all() for a, b in zip(loop, graph))
+
+
+def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
+    """The step graph wraps the chunks' cells again, which renames their parameters
+    (`0.layers.0.0.weight`); `parameters_dict()` still gives the names MindSpore gives the
+    unsplit model, and `load_parameters` takes a checkpoint of that model back in."""
+    import mindspore as ms
+    from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+    from pipe.engine import PipelineEngine
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"),
+                            PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True))
+    engine.train_step(*batches(7)[0])
+    unsplit = build_model(7)
+    assert list(engine.parameters_dict()) == list(unsplit.parameters_dict())
+    assert any(p.name != name for name, p in engine.parameters_dict().items())   # renamed
+    trained = {name: p.asnumpy() for name, p in engine.parameters_dict().items()}
+    ms.save_checkpoint([{"name": n, "data": p} for n, p in engine.parameters_dict().items()],
+                       str(tmp_path / "model.ckpt"))
+    assert ms.load_param_into_net(unsplit, ms.load_checkpoint(str(tmp_path / "model.ckpt"))) == ([], [])
+    fresh = PipelineEngine(build_model(8), LOSS, optimizer("sgd"),
+                           PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True))
+    fresh.load_parameters(ms.load_checkpoint(str(tmp_path / "model.ckpt")))
+    assert all((p.asnumpy() == trained[name]).all() for name, p in fresh.parameters_dict().items())

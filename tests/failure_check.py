@@ -1,0 +1,94 @@
+"""A user's model failing on one rank of two ends both ranks at once, each saying what it knows.
+
+    mpiexec -n 2 python tests/failure_check.py before   # each case caught on every rank
+    mpiexec -n 2 python tests/failure_check.py during   # a backward fails mid-step, uncaught
+
+`before`: every case fails before the first step, on one rank or both; each rank prints
+`CASE: rank R: <its error's first line>` and goes on to the next case (nothing is left
+waiting). `during`: rank 1's first backward raises and nobody catches it; the job must end
+well inside the 300 s deadline, rank 0 with one line naming rank 1.
+"""
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+from mpi4py import MPI
+
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
+
+ms.set_device("CPU")
+LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+X, Y = np.ones((4, 8), np.float32), np.zeros(4, np.int32)
+
+
+class Attending(nn.Cell):
+    """A block that returns (x, attention) into a next block that takes one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(8, 8)
+
+    def construct(self, x):
+        return self.dense(x), x
+
+
+class HiddenDropout(nn.Cell):
+    """Randomness inside a layer's own construct, no nn.Dropout cell, no telling name."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(8, 8)
+
+    def construct(self, x):
+        return ops.dropout(self.dense(x), p=0.5)
+
+
+class NoBackward(nn.Cell):
+    def construct(self, x):
+        return x * 2
+
+    def bprop(self, x, out, dout):
+        raise ValueError("this layer has no backward")
+
+
+class TiedHead(nn.Cell):
+    def __init__(self, embedding):
+        super().__init__()
+        self.table = embedding.embedding_table
+
+    def construct(self, h):
+        return ops.matmul(h, self.table.T)
+
+
+def engine(model, **config):
+    return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
+                          PipelineConfig(stages=2, micro_batches=2, batch_size=4, **config))
+
+
+def tied():
+    embedding = nn.Embedding(8, 8)
+    return nn.SequentialCell([embedding, nn.Dense(8, 8), nn.Dense(8, 8), TiedHead(embedding)])
+
+
+EMBEDDING = nn.Embedding(8, 8)
+CASES = {
+    "tuple": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), Attending(),
+                                               nn.Dense(8, 3)])),
+    "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(), nn.Dense(8, 3)])),
+    "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
+    "tied-zb-v": lambda: engine(tied(), schedule="zb-v"),
+    "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),
+}
+rank = MPI.COMM_WORLD.rank
+if sys.argv[1] == "during":
+    pipe = engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), NoBackward(), nn.Dense(8, 3)]))
+    pipe.train_step(X, Y)
+    print(f"rank {rank}: the step passed", flush=True)
+for name, build in CASES.items():
+    try:
+        build().train_step(X, Y.astype(np.float32) if name == "targets" else Y)
+        print(f"{name}: rank {rank}: trained", flush=True)
+    except Exception as error:
+        print(f"{name}: rank {rank}: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
