@@ -38,8 +38,9 @@ def end_job_on_uncaught(wire):
     """Make an exception that no one catches end the whole job, not only this process:
     its peers would otherwise wait on this rank until their deadlines (`python -m mpi4py`
     does the same). It is printed as usual (a peer's failure as its one line), then the
-    wire tells every rank and ends the job (`abort`)."""
-    previous = sys.excepthook
+    wire tells every rank and ends the job (`abort`). (Installed once: a later engine's
+    wire replaces an earlier one's.)"""
+    previous = getattr(sys.excepthook, "previous", sys.excepthook)
 
     def hook(kind, error, trace):
         if isinstance(error, PeerFailed):
@@ -47,6 +48,7 @@ def end_job_on_uncaught(wire):
         else:
             previous(kind, error, trace)
         wire.abort(1, first_line(error))
+    hook.previous = previous
     sys.excepthook = hook
 
 

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python tests/failure_check.py before   # each case caught on every rank
     mpiexec -n 2 python tests/failure_check.py during   # a backward fails mid-step, uncaught
+    msrun --worker_num=2 ... tests/failure_check.py during GPU    # the same over NCCL
 
 `before`: every case fails before the first step, on one rank or both; each rank prints
 `CASE: rank R: <its error's first line>` and goes on to the next case (nothing is left
@@ -13,12 +14,14 @@ import sys
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
-from mpi4py import MPI
 
+from pipe.comm import connect
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 
-ms.set_device("CPU")
+DEVICE = sys.argv[2] if len(sys.argv) > 2 else "CPU"
+ms.set_device(DEVICE)
+WIRE = connect(DEVICE, 300.0)            # one wire for every case
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 X, Y = np.ones((4, 8), np.float32), np.zeros(4, np.int32)
 
@@ -64,7 +67,8 @@ class TiedHead(nn.Cell):
 
 def engine(model, **config):
     return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
-                          PipelineConfig(stages=2, micro_batches=2, batch_size=4, **config))
+                          PipelineConfig(stages=2, micro_batches=2, batch_size=4, device=DEVICE,
+                                         **config), WIRE)
 
 
 def tied():
@@ -81,11 +85,11 @@ CASES = {
     "tied-zb-v": lambda: engine(tied(), schedule="zb-v"),
     "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),
 }
-rank = MPI.COMM_WORLD.rank
 if sys.argv[1] == "during":
     pipe = engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), NoBackward(), nn.Dense(8, 3)]))
     pipe.train_step(X, Y)
-    print(f"rank {rank}: the step passed", flush=True)
+    print(f"rank {WIRE.rank}: the step passed", flush=True)
+rank = WIRE.rank
 for name, build in CASES.items():
     try:
         build().train_step(X, Y.astype(np.float32) if name == "targets" else Y)

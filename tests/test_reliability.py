@@ -43,15 +43,25 @@ def test_mismatched_stage_shapes_fail_every_rank_before_any_step():
 
 
 def assert_neighbours_name_the_lost_rank(job, timeout):
-    """Ranks 0 and 2 of a 3-stage run lost rank 1: each says it waited `timeout` s on it
-    (a message to or from rank 1, or an all-reduce it is part of), and where it was."""
+    """Ranks 0 and 2 of a 3-stage run lost rank 1. The first whose deadline passes says it
+    waited `timeout` s on it (a message to or from rank 1, or an all-reduce it is part of)
+    and where it was; the other says the same, or, told by the first before its own
+    deadline, one line naming that rank and what it waited on."""
+    own = {}
     for rank in (0, 2):
         err = job.errs[rank]
-        assert f"error: rank {rank}: no progress for {timeout} s while waiting to " in err
+        own[rank] = f"error: rank {rank}: no progress for {timeout} s while waiting to " in err
+        if not own[rank]:                    # told by the other neighbour
+            other = 2 - rank
+            assert err.startswith(f"error: rank {rank} stopped waiting to "), err
+            assert (f"rank {other} failed (WireTimeout: rank {other}: no progress for {timeout} "
+                    "s while waiting to ") in err and f"rank {other}'s error says why" in err, err
+            continue
         assert "rank 1\n" in err or "all-reduce over ranks [0, 1, 2]\n" in err
         assert f"rank {rank} (stage {rank}, replica 0) was " in err
         if "was at action" in err:           # inside the schedule: shown in its action list
             assert err.count("<-- HERE") == 1
+    assert any(own.values())
 
 
 def test_rank_that_stops_answering_is_named_by_its_neighbours():
