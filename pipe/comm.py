@@ -19,8 +19,10 @@ import time
 import numpy as np
 import mindspore as ms
 
+from pipe.watchdog import PeerFailed
+
 __all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint",
-           "WireTimeout", "PeerFailed"]
+           "WireTimeout"]
 
 
 # Every dtype a pipeline may send, and its numpy type for the CPU wire (None: numpy has none).
@@ -30,11 +32,6 @@ WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None
 
 class WireTimeout(RuntimeError):
     """A send, receive or all-reduce saw no progress for `timeout` seconds."""
-
-
-class PeerFailed(RuntimeError):
-    """Another rank failed, and this one stops rather than wait for it: that rank's error
-    says why (its message is one line pointing there)."""
 
 
 class SoloWire:

@@ -21,8 +21,8 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe.chunk import RandomLayer
-from pipe.comm import WIRE_DTYPES, PeerFailed, PointToPoint
-from pipe.watchdog import first_line
+from pipe.comm import WIRE_DTYPES, PointToPoint
+from pipe.watchdog import PeerFailed, first_line
 
 __all__ = ["connect_stages", "handshake", "check_input", "agreed"]
 

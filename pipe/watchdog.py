@@ -19,10 +19,14 @@ import threading
 import time
 from contextlib import contextmanager
 
-from pipe.comm import PeerFailed
 from pipe.simulator import format_position
 
-__all__ = ["PipelineError", "Watch", "Watchdog", "end_job_on_uncaught"]
+__all__ = ["PipelineError", "PeerFailed", "Watch", "Watchdog", "end_job_on_uncaught"]
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed, and this one stops rather than wait for it: that rank's error
+    says why (this one's message is one line pointing there)."""
 
 
 def first_line(error):

@@ -13,56 +13,18 @@ import sys
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
 
 from pipe.comm import connect
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
+from user_layers import Attending, HiddenDropout, NoBackward, TiedHead
 
 DEVICE = sys.argv[2] if len(sys.argv) > 2 else "CPU"
 ms.set_device(DEVICE)
 WIRE = connect(DEVICE, 300.0)            # one wire for every case
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 X, Y = np.ones((4, 8), np.float32), np.zeros(4, np.int32)
-
-
-class Attending(nn.Cell):
-    """A block that returns (x, attention) into a next block that takes one tensor."""
-
-    def __init__(self):
-        super().__init__()
-        self.dense = nn.Dense(8, 8)
-
-    def construct(self, x):
-        return self.dense(x), x
-
-
-class HiddenDropout(nn.Cell):
-    """Randomness inside a layer's own construct, no nn.Dropout cell, no telling name."""
-
-    def __init__(self):
-        super().__init__()
-        self.dense = nn.Dense(8, 8)
-
-    def construct(self, x):
-        return ops.dropout(self.dense(x), p=0.5)
-
-
-class NoBackward(nn.Cell):
-    def construct(self, x):
-        return x * 2
-
-    def bprop(self, x, out, dout):
-        raise ValueError("this layer has no backward")
-
-
-class TiedHead(nn.Cell):
-    def __init__(self, embedding):
-        super().__init__()
-        self.table = embedding.embedding_table
-
-    def construct(self, h):
-        return ops.matmul(h, self.table.T)
 
 
 def engine(model, **config):
@@ -78,9 +40,9 @@ def tied():
 
 EMBEDDING = nn.Embedding(8, 8)
 CASES = {
-    "tuple": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), Attending(),
+    "tuple": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), Attending(8),
                                                nn.Dense(8, 3)])),
-    "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(), nn.Dense(8, 3)])),
+    "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(8), nn.Dense(8, 3)])),
     "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
     "tied-zb-v": lambda: engine(tied(), schedule="zb-v"),
     "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),

@@ -3,13 +3,14 @@ training it like one process, and building only their own layers: tests/test_tra
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn, ops
+from mindspore import nn
 
 from mlp_run import LOSS, layer_builders
 from pipe.builders import LayerBuilders
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from pipe.partition import whole_model_names
+from user_layers import TiedHead
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -37,15 +38,6 @@ def engine(model, **config):
 
 
 EMBEDDING = nn.Embedding(32, 4)     # made outside the builders, then captured by two of them
-
-
-class TiedHead(nn.Cell):
-    def __init__(self, embedding):
-        super().__init__()
-        self.table = embedding.embedding_table
-
-    def construct(self, h):
-        return ops.matmul(h, self.table.T)
 
 
 BUILT_ELSEWHERE = ("a builder makes its layer's weights when called, so build the layer inside "

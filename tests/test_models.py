@@ -17,6 +17,7 @@ from pipe.comm import MpiWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from pipe.handshake import check_input
+from user_layers import GraphOnly, HiddenDropout
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -145,24 +146,6 @@ def test_bfloat16_is_refused_by_the_cpu_wire_up_front():
     assert check_input(((2, 4), ms.bfloat16), None) is None      # the input batch: not carried
 
 
-class HiddenDropout(nn.Cell):
-    """Randomness in a layer's own construct: no nn.Dropout cell, nothing in its name."""
-
-    def __init__(self):
-        super().__init__()
-        self.dense = nn.Dense(4, 4)
-
-    def construct(self, x):
-        return ops.dropout(self.dense(x), p=0.5)
-
-
-class GraphOnly(nn.Cell):
-    """Runs eagerly, but cannot compile: a host call inside the graph."""
-
-    def construct(self, x):
-        return ms.Tensor(x.asnumpy())
-
-
 RANDOM = ("draws random numbers inside: two runs of its forward on the same input differ, and "
           "pipe's backward runs it again, drawing others; make each dropout an nn.Dropout layer "
           "of its own (pipe draws its mask once per micro-batch)")
@@ -170,7 +153,7 @@ RANDOM = ("draws random numbers inside: two runs of its forward on the same inpu
 
 @pytest.mark.parametrize("layer,message", [
     (NoisyBlock(), "layer 1 (NoisyBlock) " + RANDOM),
-    (HiddenDropout(), "layer 1 (HiddenDropout) " + RANDOM),
+    (HiddenDropout(4), "layer 1 (HiddenDropout) " + RANDOM),
     (GraphOnly(), "compiling its forward failed (each layer ran alone): "),
 ])
 def test_what_the_model_does_wrong_is_told_before_the_first_step(layer, message):

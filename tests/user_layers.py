@@ -1,0 +1,50 @@
+"""Layers a user may bring that pipe must refuse or report, shared by the in-process tests
+and the multi-rank checks (tests/failure_check.py)."""
+import os
+import sys
+
+import mindspore as ms
+from mindspore import nn, ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "tied"))
+from model import TiedHead  # noqa: E402,F401  (the output head that reuses an embedding)
+
+
+class Attending(nn.Cell):
+    """A block that returns (x, attention), into a next layer that takes one tensor."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.dense = nn.Dense(width, width)
+
+    def construct(self, x):
+        return self.dense(x), x
+
+
+class HiddenDropout(nn.Cell):
+    """Randomness in a layer's own construct: no nn.Dropout cell, nothing in its name."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.dense = nn.Dense(width, width)
+
+    def construct(self, x):
+        return ops.dropout(self.dense(x), p=0.5)
+
+
+class GraphOnly(nn.Cell):
+    """Runs eagerly, but cannot compile: a host call inside the graph."""
+
+    def construct(self, x):
+        return ms.Tensor(x.asnumpy())
+
+
+class NoBackward(nn.Cell):
+    """A forward that works and a backward that raises."""
+
+    def construct(self, x):
+        return x * 2
+
+    def bprop(self, x, out, dout):
+        raise ValueError("this layer has no backward")
