@@ -95,8 +95,9 @@ def load_rank(where, params, optimizer):
     state (moments named after their parameters) from every stage's optimizer file. So a
     run saved on 2 stages resumes on 3 stages x 2 replicas, or with another schedule or
     split; only another model is refused."""
-    load_params(params, ms.load_checkpoint(os.path.join(where, "model.ckpt")), f"checkpoint {where!r}",
-                 "resume with the model that saved it, or start without resuming")
+    load_params(params, ms.load_checkpoint(os.path.join(where, "model.ckpt")),
+                f"checkpoint {where!r}",
+                "resume with the model that saved it, or start without resuming")
     state = {}
     for path in sorted(glob.glob(optimizer_file(where, "*"))):
         state.update(ms.load_checkpoint(path))

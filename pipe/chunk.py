@@ -485,9 +485,9 @@ class Chunk:
             return tuple(out.shape), out.dtype
         labels = self._no_labels if labels is None else labels
         with self._buffers_kept():
-            runs = [self._forward(x, labels, self._scale, self._masks(x, None))[0] for _ in range(2)]
-        if not all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
-                   for a, b in zip(_flat(runs[0]), _flat(runs[1]))):
+            masks = self._masks(x, None)
+            runs = [self._forward(x, labels, self._scale, masks)[0] for _ in range(2)]
+        if not _same(*runs):
             raise RandomLayer(f"{self._random_layer(x)} draws random numbers inside: two runs "
                               "of its forward on the same input differ, and pipe's backward "
                               "runs it again, drawing others; make each dropout an nn.Dropout "
@@ -500,8 +500,7 @@ class Chunk:
         with self._buffers_kept():
             for k, layer in enumerate(self.layers):
                 y = layer(x)
-                if not keeps_mask(layer) and not all(np.array_equal(
-                        a.asnumpy(), b.asnumpy(), equal_nan=True) for a, b in zip(_flat(y), _flat(layer(x)))):
+                if not keeps_mask(layer) and not _same(y, layer(x)):
                     return self.describe_layer(k)
                 x = y
         return f"a layer of {self.describe_layer(0)} to {self.describe_layer(len(self.layers) - 1)}"
@@ -542,7 +541,9 @@ def _spec(x):
     """What a piece was given, in words: `shape (4, 8) Float32`, or what it was instead."""
     if isinstance(x, ms.Tensor):
         return f"shape {tuple(x.shape)} {x.dtype}"
-    return f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else f"a {type(x).__name__}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
 
 
 def _flat(out):
@@ -550,3 +551,9 @@ def _flat(out):
     if isinstance(out, (tuple, list)):
         return [t for part in out for t in _flat(part)]
     return [out]
+
+
+def _same(one, other):
+    """Whether two runs' outputs are equal, bit for bit (NaN equal to NaN)."""
+    return all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
+               for a, b in zip(_flat(one), _flat(other)))

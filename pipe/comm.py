@@ -86,8 +86,8 @@ class MpiWire:
         """End every process of the job (a normal exit would wait for stuck peers): first
         a notice of `reason` to every rank, then a moment in which peers can say where they
         were."""
-        notices = [self.world.isend(reason or "it ended", dest=peer, tag=self.NOTICE)  # noqa: F841
-                   for peer in range(self.size) if peer != self.rank]   # (alive until Abort)
+        self.notices = [self.world.isend(reason or "it ended", dest=peer, tag=self.NOTICE)
+                        for peer in range(self.size) if peer != self.rank]   # kept until Abort
         sys.stderr.flush()
         time.sleep(grace)
         self.world.Abort(code)

@@ -75,7 +75,8 @@ def explain(stage, spec, labels, error):
         return "model", 0, str(error)
     found = stage.locate_failure(ops.ones(*spec), labels)
     if found is None:
-        return "model", 0, f"compiling its forward failed (each layer ran alone): {first_line(error)}"
+        return "model", 0, ("compiling its forward failed (each layer ran alone): "
+                            f"{first_line(error)}")
     k, where, cause = found
     first, weight = _first_weight(stage)
     shape, dtype = spec
