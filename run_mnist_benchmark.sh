@@ -50,12 +50,12 @@ echo "device: $DEVICE x $DEVICES; results in $OUT"
 launch() {  # launch N ARGS...: one benchmark run on N processes
   local n=$1; shift
   if [ "$n" -eq 1 ]; then
-    python examples/mnist/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
+    python benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
   elif [ "$DEVICE" = CPU ]; then
-    mpiexec -n "$n" python examples/mnist/benchmark.py --device CPU --results "$RESULTS" "$@"
+    mpiexec -n "$n" python benchmarks/benchmark.py --device CPU --results "$RESULTS" "$@"
   else
     msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
-      --log_dir="$OUT/logs" --join=True examples/mnist/benchmark.py --device "$DEVICE" \
+      --log_dir="$OUT/logs" --join=True benchmarks/benchmark.py --device "$DEVICE" \
       --results "$RESULTS" "$@" > "$OUT/logs/last.out" 2>&1 || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
   fi
 }
@@ -107,4 +107,4 @@ for model in small large; do
     fi
   done; done
 done
-python examples/mnist/report.py "$RESULTS"
+python benchmarks/report.py "$RESULTS"

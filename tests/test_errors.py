@@ -50,16 +50,16 @@ def test_damaged_mnist_file_is_named(tmp_path):
 @pytest.mark.parametrize("cmd,message", [
     (["./run_mnist_benchmark.sh", "--layout", "3"],
      "error: --layout 3: use PxD (stages x replicas, e.g. 2x1) or all\n"),
-    ([sys.executable, "examples/mnist/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
+    ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),
-    ([sys.executable, "examples/mnist/project.py", "docs/traces/trace-large-2x1-1f1b.json",
+    ([sys.executable, "benchmarks/probes/project.py", "docs/traces/trace-large-2x1-1f1b.json",
       "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "
      "zb-v, dualpipe-v\n"),
-    ([sys.executable, "examples/mnist/build_memory.py", "own", "x"],
+    ([sys.executable, "benchmarks/probes/build_memory.py", "own", "x"],
      "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
-    ([sys.executable, "examples/mnist/profile_step.py", "CPU", "--micro-batches", "x"],
+    ([sys.executable, "benchmarks/probes/profile_step.py", "CPU", "--micro-batches", "x"],
      "error: argument --micro-batches: must be a positive integer, got x\n"),
     ([sys.executable, "-m", "pipe", "--stages", "x"],     # argparse's own check, in one line too
      "error: argument --stages: invalid int value: 'x'\n"),

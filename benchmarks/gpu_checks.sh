@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash examples/mnist/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [SCHEDULE...]]   (2+ GPUs and msrun)
+#   bash benchmarks/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [SCHEDULE...]]   (2+ GPUs and msrun)
 # Default: every schedule. --one-graph runs the pipelines as one graph per step (the single
 # GPU stays the per-action reference); --defer-wgrad defers the weight gradients of both.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 GRAPH=""
@@ -23,6 +23,6 @@ for schedule in $SCHEDULES; do
     --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
-  python examples/mnist/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
+  python benchmarks/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
     "$OUT/$schedule/model.ckpt" "$OUT/logs-$schedule/worker_0.log"
 done

@@ -1,6 +1,6 @@
 """Why a stage keeps every layer's input and differentiates layer by layer (pipe/chunk.py).
 
-    python docs/measure_backward.py [--width 2048] [--batch 1024] [--layers 2]
+    python benchmarks/probes/measure_backward.py [--width 2048] [--batch 1024] [--layers 2]
 
 Times, on one device, for a stack of Dense+ReLU layers (a backward alone ideally costs
 two forwards: dX and dW are one matrix product each):
@@ -20,7 +20,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from pipe.cli import Parser  # noqa: E402
 from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
 from pipe.chunk import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)

@@ -1,6 +1,6 @@
 """Turn the benchmark's JSON lines into one table (printed), plus CSV and JSON files.
 
-    python examples/mnist/report.py runs/benchmark/results.jsonl
+    python benchmarks/report.py runs/benchmark/results.jsonl
 
 Per run: step time is the slowest rank's median, memory the peak per stage (over replicas).
 Speedup is over the single-device `pipe` run of the same model (one micro-batch: its

@@ -1,6 +1,6 @@
 """Do two training runs agree? Compares saved weights and the per-step losses they logged.
 
-    python examples/mnist/compare_runs.py single/model.ckpt single.log pipe/model.ckpt pipe.log
+    python benchmarks/compare_runs.py single/model.ckpt single.log pipe/model.ckpt pipe.log
 
 Exits non-zero unless every parameter matches to rtol 1e-4 and every logged loss to 1e-4.
 """

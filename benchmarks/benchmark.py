@@ -1,8 +1,8 @@
 """Time one configuration of the MLP benchmark (run_mnist_benchmark.sh runs the sweep).
 
-    python examples/mnist/benchmark.py --layers 8 --hidden 1024 --batch-size 64
-    mpiexec -n 2 python examples/mnist/benchmark.py --stages 2 --schedule 1f1b ...
-    msrun --worker_num=2 ... examples/mnist/benchmark.py --stages 2 --impl builtin ...
+    python benchmarks/benchmark.py --layers 8 --hidden 1024 --batch-size 64
+    mpiexec -n 2 python benchmarks/benchmark.py --stages 2 --schedule 1f1b ...
+    msrun --worker_num=2 ... benchmarks/benchmark.py --stages 2 --impl builtin ...
 
 Every rank appends one JSON line (its step time, peak memory and, for pipe, the host's
 median microseconds per kind of action: what a step costs outside the device) to --results.
@@ -25,6 +25,7 @@ from mindspore import nn  # noqa: E402
 from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402

@@ -1,6 +1,6 @@
 """Host cost of accumulating 8 gradients: in place into Parameters, or passed and returned.
 
-    python examples/mnist/accumulate_cost.py GPU
+    python benchmarks/probes/accumulate_cost.py GPU
 
 pipe passes its accumulators in and gets them back (functional); adding in place with
 `ops.assign_add` was measured slower on the device too (docs/benchmarks.md, section 6).

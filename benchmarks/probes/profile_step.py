@@ -1,6 +1,6 @@
 """Where one rank's training step spends its host time: cProfile of `train_step`.
 
-    python examples/mnist/profile_step.py GPU --micro-batches 4 --one-graph
+    python benchmarks/probes/profile_step.py GPU --micro-batches 4 --one-graph
 
 The small MLP (8 x 1024) on one device, after 5 warm-up steps; prints the median step and
 the functions that took the most time over 50 steps. `Tensor.asnumpy` is the host waiting
@@ -19,7 +19,7 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "mnist"))
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402

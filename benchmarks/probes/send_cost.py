@@ -1,6 +1,6 @@
 """Host cost of PyNative ops.Send / ops.Receive between 2 GPUs, and whether they block.
 
-    msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/send_cost.py
+    msrun --worker_num=2 --local_worker_num=2 --join=True benchmarks/probes/send_cost.py
 
 Rank 0 sends, rank 1 receives. Prints each rank's median host microseconds per message
 with the peer ready, the time to issue a message whose peer comes 500 ms late (a blocking

@@ -1,7 +1,7 @@
 """Project the large MLP's step on more GPUs from a trace recorded on 2 (a projection,
 not a measurement: docs/benchmarks.md, section 10, checks one against a real run).
 
-    python examples/mnist/project.py docs/traces/trace-large-2x1-zb-h1.json --schedule zb-h1 --stages 4 8
+    python benchmarks/probes/project.py docs/traces/trace-large-2x1-zb-h1.json --schedule zb-h1 --stages 4 8
 
 The trace gives the median F, B and W of one micro-batch on one of 2 stages. With P
 stages and the benchmark's M = 4P micro-batches of the same global batch, a stage holds

@@ -1,8 +1,8 @@
 """The benchmark's MLP trained with torch.distributed.pipelining: the comparison row.
 
-    torchrun --nproc-per-node 2 examples/mnist/torch_pipeline.py --schedule zbv   (on GPUs)
+    torchrun --nproc-per-node 2 benchmarks/torch_pipeline.py --schedule zbv   (on GPUs)
 
-Same model as examples/mnist/benchmark.py (L x (Dense H + ReLU), then Dense 10, fp32,
+Same model as benchmarks/benchmark.py (L x (Dense H + ReLU), then Dense 10, fp32,
 TF32 off), same batch, micro-batches, SGD and layer split (`split`), one process per
 GPU over NCCL (gloo on CPU). Prints the median step of rank 0 in milliseconds. torch is not
 a dependency of pipe: this script is the only file that imports it.
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining as pp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipe.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved": ("ScheduleInterleaved1F1B", 2),

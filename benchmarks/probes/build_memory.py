@@ -1,6 +1,6 @@
 """Memory per rank of the large MLP (16 x 8192, 8192 inputs: 1074 M parameters, 4.0 GiB fp32)
 built whole on every rank or only a rank's own layers (layer builders).
-    python examples/mnist/build_memory.py whole|own P   (under msrun for P > 1)
+    python benchmarks/probes/build_memory.py whole|own P   (under msrun for P > 1)
 
 Recorded in docs/benchmarks.md, section 11."""
 import gc
@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "mnist"))
 from train import mlp_layers  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402

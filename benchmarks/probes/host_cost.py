@@ -1,6 +1,6 @@
 """Host cost of one compiled call on this device: arguments, outputs, tuples, metadata.
 
-    python examples/mnist/host_cost.py GPU
+    python benchmarks/probes/host_cost.py GPU
 
 Each figure is the median time the host spends issuing a call, not waiting for the device
 (docs/benchmarks.md, section 6). accumulate_cost.py uses the same clock.
