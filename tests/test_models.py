@@ -2,7 +2,8 @@
 (batch norm, a skip connection, dropout) trained like one process. (Dropout's masks agree
 between forward and backward: tests/test_chunk.py.)
 
-The refusals and clipping run in this process; the CNN layouts run in one mpiexec launch.
+The refusals and clipping run in this process; the CNN layouts in the one mpiexec launch
+the matrices share (conftest.trained).
 """
 import os
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from launch import load, results, run_many
+from launch import load, results
 from pipe.chunk import Chunk
 from pipe.comm import MpiWire
 from pipe.config import PipelineConfig
@@ -204,12 +205,11 @@ CNN = ["--model", "cnn", "--data", "synthetic", "--batch-size", "16", "--steps",
        "--optimizer", "sgd", "--lr", "0.05", "--no-eval"]
 
 
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cnn")
+def matrix(root):
+    """The CNN's trainings (in the one launch the matrices share: conftest.trained)."""
     def run(name, ranks, *flags):
-        return ranks, CNN + list(flags) + ["--save", root / name]
-    configs = [
+        return ranks, CNN + list(flags) + ["--save", root / f"cnn-{name}"]
+    return [
         run("single-m2", 1, "--micro-batches", 2),
         run("single-m4", 1, "--micro-batches", 4),
         run("clip-single", 1, "--micro-batches", 4, "--clip-grad-norm", 0.05),
@@ -220,9 +220,13 @@ def cnn(tmp_path_factory):
         run("own-single-m2", 1, "--micro-batches", 2, "--build", "own"),
         run("own-zb-v-2x1", 2, "--micro-batches", 2, "--stages", 2, "--schedule", "zb-v", "--build", "own"),
     ]
-    done = run_many(configs)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {entry: (load(root / entry / "model.ckpt"), results(root / entry)) for entry in os.listdir(root)}
+
+
+@pytest.fixture(scope="module")
+def cnn(trained):
+    names = [str(flags[-1]).split("cnn-", 1)[1] for _, flags in matrix(trained)]
+    return {name: (load(trained / f"cnn-{name}" / "model.ckpt"), results(trained / f"cnn-{name}"))
+            for name in names}
 
 
 def assert_same(got, want, names):

@@ -1,24 +1,28 @@
-"""Activation recomputation: same weights, less activation memory held per stage."""
+"""Activation recomputation: same weights, less activation memory held per stage.
+
+The runs train in the one launch the matrices share (conftest.trained)."""
 import numpy as np
 import pytest
 
-from launch import load, results, run_many
+from launch import load, results
 
 FLAGS = ["--data", "synthetic", "--stages", "2", "--layers", "3", "--hidden", "256",
          "--batch-size", "32", "--micro-batches", "4", "--steps", "3", "--no-eval"]
 SCHEDULES = ["1f1b", "zb-h1"]
 
 
+def matrix(root):
+    """Every training this module checks (trained in one launch: conftest.trained)."""
+    return [(2, FLAGS + ["--schedule", s, "--save", root / f"recompute-{s}-{mode}"] +
+             (["--recompute"] if mode == "recompute" else []))
+            for s in SCHEDULES for mode in ("keep", "recompute")]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("recompute")
-    configs = [(2, FLAGS + ["--schedule", s, "--save", root / f"{s}-{mode}"] +
-                (["--recompute"] if mode == "recompute" else []))
-               for s in SCHEDULES for mode in ("keep", "recompute")]
-    done = run_many(configs)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {entry.name: (load(entry / "model.ckpt"), results(entry)[0]["peak_activation_bytes"])
-            for entry in root.iterdir()}
+def runs(trained):
+    return {f"{s}-{mode}": (load(trained / f"recompute-{s}-{mode}" / "model.ckpt"),
+                            results(trained / f"recompute-{s}-{mode}")[0]["peak_activation_bytes"])
+            for s in SCHEDULES for mode in ("keep", "recompute")}
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
