@@ -1,18 +1,18 @@
 """Checkpoints that survive crashes, and their merge into one checkpoint of the whole model.
 
-    DIR/step-000040/stage-<s>.ckpt       each stage's parameters, under whole-model names
-    DIR/step-000040/optimizer-<s>.ckpt   each stage's optimizer state (what resuming needs)
-    DIR/step-000040/model.ckpt           the stages merged: loads into the unsplit model
-    DIR/step-000040/meta.json            step, schedule, topology, seed, data position, and
-                                         the SHA-256 of every file above
-    DIR/latest                           names the newest complete step directory
-    DIR/model.ckpt                       a copy of the newest merged model
+    DIR/step-000040/virtual-stage-<v>.ckpt  each virtual stage's parameters, by whole-model name
+    DIR/step-000040/optimizer-<s>.ckpt      each stage's optimizer state (what resuming needs)
+    DIR/step-000040/model.ckpt              the stages merged: loads into the unsplit model
+    DIR/step-000040/meta.json               step, schedule, topology, seed, data position, and
+                                            the SHA-256 of every file above
+    DIR/latest                              names the newest complete step directory
+    DIR/model.ckpt                          a copy of the newest merged model
 
 Every file is written under a temporary name and renamed into place, meta.json last and
 then `latest`: a crash at any moment leaves the previous checkpoint whole, and a truncated
 or altered file is refused, by its SHA-256, before anything is loaded.
 
-    python -m pipe.checkpoint merge DIR      # stage-*.ckpt in DIR -> DIR/model.ckpt
+    python -m pipe.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt
 """
 import argparse
 import glob
@@ -28,6 +28,9 @@ from pipe.cli import Parser
 
 __all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "latest",
            "merge", "CheckpointError"]
+
+
+VIRTUAL_STAGE = "virtual-stage-"      # a virtual stage's file: virtual-stage-<v>.ckpt
 
 
 class CheckpointError(RuntimeError):
@@ -51,9 +54,9 @@ def _write_text(path, text):
     _atomic(path, write)
 
 
-def stage_file(where, virtual_stage):
+def virtual_stage_file(where, virtual_stage):
     """A virtual stage's parameters and buffers, by whole-model name."""
-    return os.path.join(where, f"stage-{virtual_stage}.ckpt")
+    return os.path.join(where, f"{VIRTUAL_STAGE}{virtual_stage}.ckpt")
 
 
 def optimizer_file(where, stage):
@@ -74,7 +77,7 @@ def save_rank(where, layout, optimizer):
         return
     for vs, chunk, names in zip(layout.virtual_stages_held, layout.chunks, layout.names):
         if chunk.state:                  # (a chunk of pooling and activations holds nothing)
-            save_params(stage_file(where, vs), zip(names, chunk.state))
+            save_params(virtual_stage_file(where, vs), zip(names, chunk.state))
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
 
 
@@ -116,12 +119,12 @@ def _sha256(path):
 
 
 def merge(directory):
-    """Combine every `stage-<s>.ckpt` in `directory` into `directory/model.ckpt`."""
-    paths = sorted(glob.glob(stage_file(directory, "*")),
-                   key=lambda p: int(os.path.basename(p)[6:-5]))
+    """Combine every `virtual-stage-<v>.ckpt` in `directory` into `directory/model.ckpt`."""
+    paths = sorted(glob.glob(virtual_stage_file(directory, "*")),
+                   key=lambda p: int(os.path.basename(p)[len(VIRTUAL_STAGE):-len(".ckpt")]))
     if not paths:
-        raise CheckpointError(f"no stage-<s>.ckpt files in {directory!r}: point it at a step "
-                              "directory that PipelineEngine.save wrote")
+        raise CheckpointError(f"no virtual-stage-<v>.ckpt files in {directory!r}: point it at "
+                              "a step directory that PipelineEngine.save wrote")
     named = {}                          # a weight tied across stages is saved by each: keep one
     for path in paths:
         named.update(ms.load_checkpoint(path))

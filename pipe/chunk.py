@@ -55,18 +55,18 @@ def keeps_output(layer):
     return type(layer) is nn.ReLU
 
 
-def residual_slots(layers):
-    """For each layer, where its residual is in the forward's saved tuple, and how many
-    tensors that tuple holds. A ReLU shares the next layer's slot when that layer keeps its
+def residual_indices(layers):
+    """For each layer, the index of its residual in the forward's saved tuple, and how many
+    tensors that tuple holds. A ReLU shares the next layer's index when that layer keeps its
     input (its own output); otherwise (last in the chunk, or before a dropout) it keeps its
-    output in a slot of its own."""
-    slots, count = [], 0
+    output at an index of its own."""
+    indices, count = [], 0
     for i, layer in enumerate(layers):
-        slots.append(count)
+        indices.append(count)
         following = layers[i + 1] if i + 1 < len(layers) else None
         if not (keeps_output(layer) and following is not None and not keeps_mask(following)):
             count += 1
-    return tuple(slots), count
+    return tuple(indices), count
 
 
 class _KeepInput(nn.Cell):
@@ -117,7 +117,7 @@ class _Forward(nn.Cell):
     def __init__(self, layers, loss_fn=None):
         super().__init__(auto_prefix=False)
         random = [i for i, layer in enumerate(layers) if keeps_mask(layer)]
-        place, _ = residual_slots(layers)
+        place, _ = residual_indices(layers)
         own = [i + 1 == len(layers) or place[i + 1] > place[i] for i in range(len(layers))]
         self.layers = nn.CellList([
             _KeepMask(l, random.index(i)) if i in random else
@@ -155,7 +155,7 @@ class _Infer(nn.Cell):
         return x
 
 
-def slots(layers):
+def gradient_positions(layers):
     """For each distinct parameter of `layers` (first use order), the positions of its
     gradients in the per-layer gradient list: a weight used by two layers (a tied embedding
     and output head) gets both gradients summed."""
@@ -196,13 +196,13 @@ class _MaskGrad(nn.Cell):
 
 
 def _layer_grads(layers, make, input_grad):
-    """The per-layer backward cells, last layer first, each knowing the slot of its
+    """The per-layer backward cells, last layer first, each knowing the index of its
     residual. The first layer of the model needs no input gradient (`input_grad` False)
     and the compiler then skips computing it."""
     grads = [_MaskGrad(layer) if keeps_mask(layer) else make(layer, input_grad or i > 0)
              for i, layer in enumerate(layers)]
-    for grad, slot in zip(grads, residual_slots(layers)[0]):
-        grad.slot = slot
+    for grad, index in zip(grads, residual_indices(layers)[0]):
+        grad.residual = index
     return nn.CellList(grads[::-1])
 
 
@@ -233,13 +233,13 @@ class _Backward(nn.Cell):
     def __init__(self, layers, input_grad):
         super().__init__(auto_prefix=False)
         self.reversed_grads = _layer_grads(layers, _LayerGrad, input_grad)
-        self.positions = slots(layers)
+        self.positions = gradient_positions(layers)
 
     @ms.jit
     def construct(self, dy, accumulators, *saved):
         grads = ()
         for layer_grad in self.reversed_grads:  # residuals arrive as *args: MindSpore 2.10
-            dy, dw = layer_grad(saved[layer_grad.slot], dy)   # cannot differentiate at a
+            dy, dw = layer_grad(saved[layer_grad.residual], dy)   # cannot differentiate at a
             grads = dw + grads                                # tuple's element
         return dy, _accumulate(accumulators, grads, self.positions)
 
@@ -273,7 +273,7 @@ class _InputGrad(nn.Cell):
     def construct(self, dy, *saved):
         stashed = ()
         for layer_grad in self.reversed_grads:
-            dy, stash = layer_grad(saved[layer_grad.slot], dy)
+            dy, stash = layer_grad(saved[layer_grad.residual], dy)
             stashed = stash + stashed
         return dy, stashed
 
@@ -286,12 +286,12 @@ class _WeightGrad(nn.Cell):
     def __init__(self, layers):
         super().__init__(auto_prefix=False)
         weighted = [(i, layer) for i, layer in enumerate(layers) if layer.trainable_params()]
-        slots_of_layers, _ = residual_slots(layers)
-        self.inputs = tuple(slots_of_layers[i] for i, _ in weighted)  # the residuals W reads
+        indices, _ = residual_indices(layers)
+        self.inputs = tuple(indices[i] for i, _ in weighted)  # the residuals W reads
         self.layers = nn.CellList([layer for _, layer in weighted])
         self.weights = [ms.ParameterTuple(layer.trainable_params()) for _, layer in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.positions = slots(layers)
+        self.positions = gradient_positions(layers)
 
     @ms.jit
     def construct(self, accumulators, *tensors):   # tensors: layer inputs, then their dys
@@ -339,17 +339,19 @@ class Chunk:
                          for k, layer in enumerate(self.layers) if keeps_mask(layer)]
         self._mask_shapes = {}  # input shape -> each dropout layer's input shape
         self.is_last, self.loss_fn = loss_fn is not None, loss_fn
-        self._forward = _Forward(self.layers, loss_fn)
-        self._infer = _Infer(self.layers)
-        self._backward = _Backward(self.layers, input_grad=not is_first)
-        self._input_grad = _InputGrad(self.layers, input_grad=not is_first)
-        self._weight_grad = _WeightGrad(self.layers)
-        self._scale = ms.Tensor(grad_scale, ms.float32)
-        self._no_labels = ms.Tensor(0, ms.int32)
+        self.forward_cell = _Forward(self.layers, loss_fn)
+        self.infer_cell = _Infer(self.layers)
+        self.backward_cell = _Backward(self.layers, input_grad=not is_first)
+        self.input_grad_cell = _InputGrad(self.layers, input_grad=not is_first)
+        self.weight_grad_cell = _WeightGrad(self.layers)
+        self.grad_scale = ms.Tensor(grad_scale, ms.float32)
+        self.no_labels = ms.Tensor(0, ms.int32)
         self.recompute = recompute
         self.training = None   # the mode the layers are in
-        self.saved = {}        # micro-batch -> (residuals of every layer, gradient to start from);
-                               # after its B (split backward): what its W reads
+        self.residuals = {}    # micro-batch -> (its layers' residuals, the gradient to start
+                               # from), from its F until its B
+        self.waiting = {}      # micro-batch -> what its W reads (the inputs and output
+                               # gradients of the layers with weights), from its B until its W
         self._keys, self._sizes = {}, {}   # micro-batch -> kind of its entry; kind -> bytes
         self.grads = ()        # accumulated weight gradients, in `params` order (() at a step's start)
         self.held_bytes = self.peak_bytes = 0
@@ -359,7 +361,7 @@ class Chunk:
         """What a checkpoint holds of this chunk: parameters, then buffers."""
         return self.params + self.buffers
 
-    def _mode(self, training):
+    def set_mode(self, training):
         if self.training != training:
             for layer in self.layers:
                 layer.set_train(training)
@@ -383,49 +385,52 @@ class Chunk:
     def forward(self, mb, x, labels=None, draw=None):
         """`draw` (a pipe.dropout.MaskDraw) says which dropout masks this micro-batch gets;
         None keeps every unit."""
-        self._mode(True)
+        self.set_mode(True)
         masks = self._masks(x, draw)
-        out, saved = self._forward(x, self._no_labels if labels is None else labels, self._scale, masks)
+        given = self.no_labels if labels is None else labels
+        out, saved = self.forward_cell(x, given, self.grad_scale, masks)
         if self.recompute:
-            self._keep(mb, ((x, masks), labels), ("input", x.shape))   # the chunk's input only
+            self._keep(self.residuals, mb, ((x, masks), labels), ("input", x.shape))   # input only
         elif self.is_last:
-            self._keep(mb, (saved, out[1]), ("F", x.shape))   # residuals, d loss / d logits
+            self._keep(self.residuals, mb, (saved, out[1]), ("F", x.shape))   # d loss / d logits
         else:
-            self._keep(mb, (saved, None), ("F", x.shape))
+            self._keep(self.residuals, mb, (saved, None), ("F", x.shape))
         return out[0] if self.is_last else out
 
     def backward(self, mb, dy=None):
         with self._buffers_kept():
             saved, start = self._restore(mb)
-            dx, self.grads = self._backward(start if self.is_last else dy, self._accumulators(), *saved)
+            dx, self.grads = self.backward_cell(start if self.is_last else dy, self._accumulators(), *saved)
         return dx
 
     def backward_input(self, mb, dy=None):
         """B of a split backward: the gradient for the previous chunk only. What W needs
-        (the input and output gradient of each layer with weights) waits in `saved` until
+        (the input and output gradient of each layer with weights) waits in `waiting` until
         `backward_weight`."""
         key = ("W", self._keys[mb][1])
         with self._buffers_kept():
             saved, start = self._restore(mb)
-            dx, stashed = self._input_grad(start if self.is_last else dy, *saved)
-        self._keep(mb, tuple(saved[i] for i in self._weight_grad.inputs) + stashed, key)
+            dx, stashed = self.input_grad_cell(start if self.is_last else dy, *saved)
+        read = tuple(saved[i] for i in self.weight_grad_cell.inputs)
+        self._keep(self.waiting, mb, read + stashed, key)
         return dx
 
     def backward_weight(self, mbs):
         """W of a split backward for the micro-batches `mbs`, accumulated: with several
         (a W deferred to the flush), one product per layer over all their rows."""
-        waiting = [self._take(mb) for mb in mbs]
+        waiting = [self._take(self.waiting, mb) for mb in mbs]
         rows = waiting[0] if len(waiting) == 1 else tuple(ops.cat(t) for t in zip(*waiting))
         with self._buffers_kept():
-            self.grads = self._weight_grad(self._accumulators(), *rows)
+            self.grads = self.weight_grad_cell(self._accumulators(), *rows)
 
     def _restore(self, mb):
         """The layer residuals of micro-batch `mb` (recomputed if only the input was kept)."""
-        kept, extra = self._take(mb)
+        kept, extra = self._take(self.residuals, mb)
         if not self.recompute:
             return kept, extra
         x, masks = kept
-        out, saved = self._forward(x, self._no_labels if extra is None else extra, self._scale, masks)
+        labels = self.no_labels if extra is None else extra
+        out, saved = self.forward_cell(x, labels, self.grad_scale, masks)
         return saved, out[1] if self.is_last else None
 
     def _masks(self, x, draw):
@@ -446,32 +451,33 @@ class Chunk:
 
     def _input_shapes(self, x):
         """Every layer's input shape, from one eager pass in eval mode (nothing moves)."""
-        self._mode(False)
+        self.set_mode(False)
         shapes = []
         for layer in self.layers:
             shapes.append(x.shape)
             x = layer(x)
-        self._mode(True)
+        self.set_mode(True)
         return shapes
 
-    def _keep(self, mb, entry, key):
-        """Hold `entry` until micro-batch `mb`'s backward. Its bytes are counted once per
-        `key` (what it holds, for which input shape): every micro-batch of a step has the
-        same shapes, and reading a tensor's size on a device can wait for the device."""
+    def _keep(self, store, mb, entry, key):
+        """Hold `entry` for micro-batch `mb` in `store` (`residuals` or `waiting`). Its
+        bytes are counted once per `key` (what it holds, for which input shape): every
+        micro-batch of a step has the same shapes, and reading a tensor's size on a device
+        can wait for the device."""
         if key not in self._sizes:
             self._sizes[key] = _nbytes(entry)
-        self.saved[mb], self._keys[mb] = entry, key
+        store[mb], self._keys[mb] = entry, key
         self.held_bytes += self._sizes[key]
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
-    def _take(self, mb):
+    def _take(self, store, mb):
         self.held_bytes -= self._sizes[self._keys.pop(mb)]
-        return self.saved.pop(mb)
+        return store.pop(mb)
 
     def infer(self, x):
         """Forward only, in eval mode, keeping nothing: the model's output on the last chunk."""
-        self._mode(False)
-        return self._infer(x)
+        self.set_mode(False)
+        return self.infer_cell(x)
 
     def probe(self, x, labels, training=True):
         """Run the forward on `x` as a step will (compiling it), keeping nothing and leaving
@@ -479,14 +485,14 @@ class Chunk:
         model's last chunk, the logits'). In training mode it runs twice and raises
         `RandomLayer` if the two differ: a layer drawing its own random numbers would draw
         others when its backward runs it again. (`predict` probes in eval mode, no loss.)"""
-        self._mode(training)
+        self.set_mode(training)
         if not training:
-            out = self._infer(x)
+            out = self.infer_cell(x)
             return tuple(out.shape), out.dtype
-        labels = self._no_labels if labels is None else labels
+        labels = self.no_labels if labels is None else labels
         with self._buffers_kept():
             masks = self._masks(x, None)
-            runs = [self._forward(x, labels, self._scale, masks)[0] for _ in range(2)]
+            runs = [self.forward_cell(x, labels, self.grad_scale, masks)[0] for _ in range(2)]
         if not _same(*runs):
             raise RandomLayer(f"{self._random_layer(x)} draws random numbers inside: two runs "
                               "of its forward on the same input differ, and pipe's backward "
@@ -516,7 +522,7 @@ class Chunk:
         """Where the training forward fails on `x` when run eagerly, piece by piece:
         (k, what, its exception) for leaf layer k, or k = len(layers) for the loss; None
         when every piece runs alone (the failure is in compiling them together)."""
-        self._mode(True)
+        self.set_mode(True)
         with self._buffers_kept():
             for k, layer in enumerate(self.layers):
                 try:

@@ -118,13 +118,13 @@ class StepGraph(nn.Cell):
         super().__init__(auto_prefix=False)
         chunks = layout.chunks
         for chunk in chunks:
-            chunk._mode(True)
-        self.forwards = nn.CellList([c._forward for c in chunks])
-        self.backwards = nn.CellList([c._backward for c in chunks])
-        self.input_grads = nn.CellList([c._input_grad for c in chunks])
-        self.weight_grads = nn.CellList([c._weight_grad for c in chunks])
-        self.weight_inputs = tuple(c._weight_grad.inputs for c in chunks)
-        self.scale, self.no_labels = chunks[0]._scale, chunks[0]._no_labels
+            chunk.set_mode(True)
+        self.forwards = nn.CellList([c.forward_cell for c in chunks])
+        self.backwards = nn.CellList([c.backward_cell for c in chunks])
+        self.input_grads = nn.CellList([c.input_grad_cell for c in chunks])
+        self.weight_grads = nn.CellList([c.weight_grad_cell for c in chunks])
+        self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
+        self.scale, self.no_labels = chunks[0].grad_scale, chunks[0].no_labels
         self.last = tuple(c.is_last for c in chunks)
         self.split = layout.schedule.split_backward
         self.count = len(chunks)

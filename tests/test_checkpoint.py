@@ -8,5 +8,5 @@ def test_merge_of_a_directory_without_stages_is_one_line_and_exit_code_2(tmp_pat
     with pytest.raises(SystemExit) as done:
         main(["merge", str(tmp_path)])
     assert done.value.code == 2
-    assert capsys.readouterr().err == (f"error: no stage-<s>.ckpt files in '{tmp_path}': point it "
+    assert capsys.readouterr().err == (f"error: no virtual-stage-<v>.ckpt files in '{tmp_path}': point it "
                                        "at a step directory that PipelineEngine.save wrote\n")

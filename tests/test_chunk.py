@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from pipe.chunk import Chunk, residual_slots
+from pipe.chunk import Chunk, residual_indices
 from pipe.dropout import MaskDraw
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -77,7 +77,7 @@ def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompu
     for mb in (0, 1):
         stage.forward(mb, x[4 * mb:4 * mb + 4])
     dxs = [stage.backward_input(mb, dy[4 * mb:4 * mb + 4]) for mb in (0, 1)]
-    assert [len(stage.saved[mb]) for mb in (0, 1)] == [6, 6]
+    assert [len(stage.waiting[mb]) for mb in (0, 1)] == [6, 6]
     stage.backward_weight([0, 1])
     assert_same_backward(ops.cat(dxs), stage.grads, layers, x, dy)
 
@@ -100,9 +100,9 @@ def test_relu_backward_from_its_output(where, mode):
 
 def test_a_dense_relu_pair_keeps_one_tensor():
     layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)]
-    assert residual_slots(layers) == ((0, 1, 1, 2, 2), 3)
-    assert residual_slots([nn.Dense(6, 8), nn.ReLU()]) == ((0, 1), 2)            # last: its own
-    assert residual_slots([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]) == ((0, 1, 2), 3)
+    assert residual_indices(layers) == ((0, 1, 1, 2, 2), 3)
+    assert residual_indices([nn.Dense(6, 8), nn.ReLU()]) == ((0, 1), 2)            # last: its own
+    assert residual_indices([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]) == ((0, 1, 2), 3)
     stage = Chunk(layers, is_first=False)
     stage.forward(0, tensor(4, 6))
     assert stage.peak_bytes == 4 * (4 * 6 + 4 * 8 + 4 * 8)      # inputs of the 3 Dense layers
@@ -130,7 +130,7 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     x, dy = tensor(1, 8), tensor(1, 4)
     stage.zero_grads()
     stage.forward(0, x, draw=MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1))
-    mask = stage.saved[0][0][1]                     # what the forward drew
+    mask = stage.residuals[0][0][1]                     # what the forward drew
     assert 0 < mask.asnumpy().sum() < 64
     dx = stage.backward(0, dy)
     assert_same_backward(dx, stage.grads, [first, _Apply(lambda h: h * mask * 2.0), last], x, dy)

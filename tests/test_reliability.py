@@ -130,7 +130,7 @@ def test_damaged_checkpoint_is_refused(saved, tmp_path, damage):
     import shutil
     where = tmp_path / "copy"
     shutil.copytree(saved[0], where)
-    victim = where / saved[1].name / "stage-1.ckpt"
+    victim = where / saved[1].name / "virtual-stage-1.ckpt"
     blob = victim.read_bytes()
     victim.write_bytes(blob[: len(blob) // 2] if damage == "truncate"
                        else blob[:100] + bytes([blob[100] ^ 1]) + blob[101:])
