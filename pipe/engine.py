@@ -196,7 +196,7 @@ class PipelineEngine:
         for a send."""
         kind, mb, chunk = key
         to = self.schedule.virtual_stage(self.layout.stage, chunk) + step
-        if self.schedule.rank_of(to) == self.layout.stage:
+        if self.schedule.holds(self.layout.stage, to):
             self._inbox[(kind, mb, self.schedule.chunk_of(to))] = tensor
         else:
             self._outbox[key] = tensor

@@ -148,7 +148,7 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, train
         vs = schedule.virtual_stage(me, chunk)
         if vs == 0:
             spec_in = (tuple(x.shape), x.dtype)
-        elif schedule.rank_of(vs - 1) == me:          # the turn of a V: this rank's own output
+        elif schedule.holds(me, vs - 1):              # the turn of a V: this rank's own output
             spec_in = specs[vs]
         else:
             spec_in = read_header(wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)],
@@ -160,7 +160,7 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, train
             if problem is not None:
                 failure = (vs, spec_in, *problem)
         specs[vs], specs[vs + 1] = spec_in, spec_out
-        if vs < V - 1 and schedule.rank_of(vs + 1) != me:
+        if vs < V - 1 and not schedule.holds(me, vs + 1):
             wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)],
                       schedule.free_tag)
     # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it

@@ -80,6 +80,11 @@ class Schedule:
         """The micro-batches `action` works on: all of them for a W deferred to the flush."""
         return tuple(range(self.micro_batches)) if action.mb == EVERY else (action.mb,)
 
+    def holds(self, rank, virtual_stage):
+        """Whether `virtual_stage` exists and runs on `rank`: a neighbour there (the turn of
+        ZB-V's and DualPipeV's V) is handed its tensor directly, with no message."""
+        return 0 <= virtual_stage < self.virtual_stages and self.rank_of(virtual_stage) == rank
+
     def chunk_of(self, virtual_stage):
         """Which of its rank's chunks a virtual stage is."""
         return virtual_stage // self.stages
@@ -398,8 +403,8 @@ def _messages(schedule, rank, action):
         return replace(message, tag=message_tag(key, schedule.virtual_stages),
                        boundary=max(vs, other_vs))
 
-    before, after = vs > 0 and schedule.rank_of(vs - 1) != rank, \
-        vs < last and schedule.rank_of(vs + 1) != rank      # a neighbour on this rank: no message
+    before, after = vs > 0 and not schedule.holds(rank, vs - 1), \
+        vs < last and not schedule.holds(rank, vs + 1)      # a neighbour on this rank: no message
     if action.kind == "F":
         recvs += [comm(RECV_F, vs - 1)] if before else []
         sends += [comm(SEND_F, vs + 1)] if after else []

@@ -113,8 +113,7 @@ def _check_local_input(schedule, position, rank, action, finished):
     first."""
     vs, step = schedule.virtual_stage(rank, action.chunk), {"F": -1, "B": 1}.get(action.kind)
     source = vs + step if step else None
-    if source is None or not 0 <= source < schedule.virtual_stages \
-            or schedule.rank_of(source) != rank:
+    if source is None or not schedule.holds(rank, source):
         return
     if (action.kind, action.mb, source) not in finished:
         raise Deadlock(schedule, position, f"rank {rank} runs {action} before the {action.kind} "

@@ -66,7 +66,7 @@ def encode(schedule, stage, chunks):
             if 0 <= source < schedule.virtual_stages:
                 takes = _slot(kind, mb, c, chunks)
             if 0 <= to < schedule.virtual_stages:   # for the next virtual stage: here, or a send
-                here = schedule.rank_of(to) == stage
+                here = schedule.holds(stage, to)
                 puts = _slot(kind, mb, schedule.chunk_of(to) if here else c, chunks)
         sums = code == W or (code == B and not schedule.split_backward)
         first = sums and c not in started

@@ -180,6 +180,13 @@ def test_zb_v_table():
     assert format_table(lower(make_schedule("zb-v", 2, 4, 2))) == ZB_V_2x4
 
 
+def test_a_v_holds_both_middle_virtual_stages_on_its_last_rank():
+    """ZB-V on 2 ranks: rank 0 holds virtual stages 0 and 3, rank 1 the middle two, which
+    hand over on the rank; a virtual stage past either end is held by none."""
+    zbv = make_schedule("zb-v", 2, 4, 2)
+    assert [[vs for vs in range(-1, 5) if zbv.holds(rank, vs)] for rank in (0, 1)] == [[0, 3], [1, 2]]
+
+
 def test_dualpipe_v_table():
     """ZB-V's placement; the main phase pairs F on one chunk with B W on the other."""
     assert format_table(lower(make_schedule("dualpipe-v", 2, 4, 2))) == DUALPIPE_V_2x4
