@@ -10,6 +10,8 @@ import sys
 import mindspore as ms
 import numpy as np
 
+from pipe.cli import Parser, existing_file
+
 
 def losses(log):
     with open(log) as f:
@@ -32,4 +34,8 @@ def main(ckpt_a, log_a, ckpt_b, log_b):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    parser = Parser(description="Do two training runs agree (weights and logged losses)?")
+    for name in ("ckpt_a", "log_a", "ckpt_b", "log_b"):
+        parser.add_argument(name, type=existing_file)
+    args = parser.parse_args()
+    main(args.ckpt_a, args.log_a, args.ckpt_b, args.log_b)

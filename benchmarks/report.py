@@ -10,8 +10,9 @@ cost of micro-batching; the bound on it is m/(m+p-1) (data parallelism assumed f
 """
 import csv
 import json
-import sys
 from collections import defaultdict
+
+from pipe.cli import Parser, existing_file
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
            "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_rank0"]
@@ -81,4 +82,6 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = Parser(description="The benchmark's results as one table, CSV and JSON.")
+    parser.add_argument("results", type=existing_file, help="the JSON lines benchmark.py wrote")
+    main(parser.parse_args().results)

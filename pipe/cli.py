@@ -1,11 +1,12 @@
 """What every command-line program of pipe answers to a bad value: one line that names the
 value and the fix, and exit code 2. (argparse prints its whole usage first.)"""
 import argparse
+import os
 import sys
 
 from pipe.config import as_flags
 
-__all__ = ["Parser", "positive_int", "run"]
+__all__ = ["Parser", "positive_int", "existing_file", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +24,13 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def existing_file(text):
+    """A path flag that must name a file, with the path echoed when it does not."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
 
 
 def run(main):

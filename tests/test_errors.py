@@ -61,6 +61,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
     ([sys.executable, "benchmarks/probes/profile_step.py", "CPU", "--micro-batches", "x"],
      "error: argument --micro-batches: must be a positive integer, got x\n"),
+    ([sys.executable, "benchmarks/report.py", "runs/none/results.jsonl"],
+     "error: argument results: no such file: runs/none/results.jsonl\n"),
+    ([sys.executable, "benchmarks/compare_runs.py", "a.ckpt", "a.log", "b.ckpt", "b.log"],
+     "error: argument ckpt_a: no such file: a.ckpt\n"),
     ([sys.executable, "-m", "pipe", "--stages", "x"],     # argparse's own check, in one line too
      "error: argument --stages: invalid int value: 'x'\n"),
 ])
