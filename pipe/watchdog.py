@@ -51,6 +51,7 @@ def end_job_on_uncaught(wire):
             print(f"error: {error}", file=sys.stderr, flush=True)
         else:
             previous(kind, error, trace)
+        sys.stdout.flush()               # (a GPU wire's abort ends the process at once)
         wire.abort(1, first_line(error))
     hook.previous = previous
     sys.excepthook = hook
