@@ -15,6 +15,7 @@ and the others say where to look.
 import glob
 import os
 import time
+from typing import NamedTuple
 
 import mindspore as ms
 import numpy as np
@@ -31,6 +32,18 @@ DTYPES = list(WIRE_DTYPES)             # a dtype travels in the header as its in
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
+
+
+class Failure(NamedTuple):
+    """What went wrong on this rank's stage: `kind` (one of KINDS), `expected` (a number
+    every rank can word: a dtype's index, a feature count), `text` (the model's own error,
+    told by this rank alone) and the exception behind it."""
+    vs: int
+    spec: tuple
+    kind: str
+    expected: int
+    text: str
+    error: object
 
 
 def write_header(spec):
@@ -120,11 +133,11 @@ def _failure_text(vs, kind, expected, spec, bounds):
 
 
 def _check_stage(stage, vs, spec, labels, bounds, carried, training):
-    """(the stage's output spec, None), or (None, (kind, expected, text, error)) when it
-    cannot run on an input of `spec`."""
+    """(the stage's output spec, None), or (None, its Failure) when it cannot run on an
+    input of `spec`."""
     problem = check_input(spec, carried)
     if problem is not None:
-        return None, (*problem, "", None)
+        return None, Failure(vs, spec, *problem, "", None)
     since = time.time()
     try:
         return stage.probe(ops.ones(*spec), labels, training), None
@@ -134,7 +147,7 @@ def _check_stage(stage, vs, spec, labels, bounds, carried, training):
         layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
         text = (f"stage {vs} ({layers}) failed on {_coming(vs, bounds)}, of shape {spec[0]} "
                 f"{spec[1]}: {what}{_compile_report(since)}")
-        return None, (kind, expected, text, error)
+        return None, Failure(vs, spec, kind, expected, text, error)
 
 
 def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, training=True):
@@ -155,10 +168,8 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, train
                                             schedule.free_tag).asnumpy())
         spec_out = None
         if spec_in is not None and failure is None:
-            spec_out, problem = _check_stage(stage, vs, spec_in, labels, bounds,
+            spec_out, failure = _check_stage(stage, vs, spec_in, labels, bounds,
                                              wire.dtypes if vs else None, training)
-            if problem is not None:
-                failure = (vs, spec_in, *problem)
         specs[vs], specs[vs + 1] = spec_in, spec_out
         if vs < V - 1 and not schedule.holds(me, vs + 1):
             wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)],
@@ -167,9 +178,9 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, train
     # got), and the model's output spec for predict. Rows are summed, so each rank fills
     # only its own.
     rows = np.zeros((world + 1, 3 + HEADER), np.int32)
-    if failure is not None:
-        vs, spec, kind, expected, _, _ = failure
-        rows[wire.rank] = [KINDS.index(kind) + 1, vs, expected, *(write_header(spec) + 1)]  # +1: -1 pads sum to 0
+    if failure is not None:                     # +1: -1 pads sum to 0
+        rows[wire.rank] = [KINDS.index(failure.kind) + 1, failure.vs, failure.expected,
+                           *(write_header(failure.spec) + 1)]
     if stages[-1].is_last and ranks[0] == 0 and spec_out is not None:
         rows[world, 3:] = write_header(spec_out) + 1
     rows = wire.all_reduce(ms.Tensor(rows), tuple(range(world))).asnumpy()
@@ -180,16 +191,16 @@ def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, train
 def _raise_failures(rows, mine, bounds):
     """Fail on every rank if any failed. A boundary's problem is told in full everywhere;
     the model's own error in full where it happened, and elsewhere as a line naming that
-    rank. `mine`: this rank's failure (vs, spec, kind, expected, text, error) or None."""
+    rank. `mine`: this rank's Failure, or None."""
     failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1), rank)
                      for rank, r in enumerate(rows) if r[0]})
     if not failed:
         return
     told = [_failure_text(vs, kind, expected, spec, bounds)
             for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
-    error = mine[5] if mine is not None else None
-    if mine is not None and mine[2] == "model":
-        told.append(mine[4])
+    error = mine.error if mine is not None else None
+    if mine is not None and mine.kind == "model":
+        told.append(mine.text)
     if told:
         raise RuntimeError("check before the first step failed: " + "; ".join(told)) from error
     vs, _, _, _, rank = failed[0]

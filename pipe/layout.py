@@ -131,7 +131,7 @@ def build_layout(model, loss_fn, config, rank, costs):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
     params = [p for chunk in chunks for p in chunk.params]
     tied = {} if isinstance(model, LayerBuilders) else tied_weights(   # builders share nothing
-        model, all_bounds, params, [p.name for p in params],
+        model, all_bounds, params,
         lambda vs: [topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
     return Layout(config, topo, rank, schedule, lower(forward_only(schedule)), all_bounds,
                   chunks, bounds, names, tied)

@@ -173,12 +173,12 @@ def timed_costs(model, sample, wire, world):
     return tuple(float(c) / world for c in total)
 
 
-def tied_weights(model, bounds, params, names, ranks_of_stage):
+def tied_weights(model, bounds, params, ranks_of_stage):
     """{index in `params`: every rank holding a copy} for the weights that several stages
     use (a tied embedding and output head). Each copy starts equal (same seed); summing their
-    gradients over all copies before every step keeps them equal. `names` are the params'
-    whole-model names (the order of the all-reduces, the same on every rank);
-    `ranks_of_stage(vs)` lists the ranks (one per replica) that run virtual stage vs.
+    gradients over all copies before every step keeps them equal. They are all-reduced in
+    the order of their whole-model names, the same on every rank; `ranks_of_stage(vs)`
+    lists the ranks (one per replica) that run virtual stage vs.
     Every rank checks every tied weight of the whole model, so all refuse together."""
     users = {}
     for vs, (first, last) in enumerate(bounds):
@@ -197,7 +197,7 @@ def tied_weights(model, bounds, params, names, ranks_of_stage):
                                  "weight's copies on different ranks; use a schedule with one "
                                  "chunk per rank, or another partition")
     tied = {}
-    for k in sorted(range(len(params)), key=lambda k: names[k]):
+    for k in sorted(range(len(params)), key=lambda k: whole[id(params[k])]):
         p = params[k]
         if len(users[id(p)]) > 1:
             tied[k] = tuple(sorted({r for vs in users[id(p)] for r in ranks_of_stage(vs)}))
