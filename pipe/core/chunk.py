@@ -1,0 +1,226 @@
+"""One model chunk: a compiled forward that keeps each layer's input, and a compiled
+backward that runs layer by layer from those inputs, summing weight gradients.
+
+A chunk is the layers of one virtual stage (with one chunk per rank: the rank's stage).
+Its forward keeps, for each layer, the input it saw: the tensors autograd would keep. Its
+backward walks the layers in reverse and asks MindSpore for each layer's vector-Jacobian
+product at that input, all inside one compiled graph. A layer whose gradient needs no
+forward output (Dense: dX = dY W^T, dW = dY^T X) is not recomputed: its forward is dead
+code in the backward graph and the compiler drops it, so forward + backward costs ~3x the
+forward, not the ~4x of differentiating the whole chunk again from its input.
+
+Seams, for layers that keep something else (pipe.chunk composes them): `keeps(i)` wraps
+layer i for the forward, `layer_grad(i, ...)` for the backward, `extras(mb, x)` gives the
+layers' per-micro-batch inputs (dropout's masks), `kept` / `restored` choose what waits
+from a micro-batch's forward until its backward.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+__all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
+           "KeepInput", "LayerGrad"]
+
+
+def is_plain_sequence(cell):
+    """A SequentialCell that only chains its children: one whose class overrides
+    `construct` (a skip connection, say) is a layer of its own, not a list of layers."""
+    return isinstance(cell, nn.SequentialCell) and type(cell).construct is nn.SequentialCell.construct
+
+
+def leaves(cells):
+    """The innermost layers, in order: nested plain `SequentialCell`s are flattened so
+    inputs are kept at the finest grain (a Dense and its ReLU separately)."""
+    out = []
+    for cell in cells:
+        out += leaves(list(cell.cells())) if is_plain_sequence(cell) else [cell]
+    return out
+
+
+class KeepInput(nn.Cell):
+    """(x, extras) -> (layer(x), (x,)): the output, and the residual its backward reads.
+    `keeps` counts the residuals; `extras` (unused here) are the chunk's `extras`."""
+    keeps = 1
+
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, extras):
+        return self.layer(x), (x,)
+
+
+class Forward(nn.Cell):
+    """(x, labels, scale, extras) -> (output, residuals). On the model's last chunk the
+    output is (loss, d loss / d logits x scale): the loss gradient is cheap, and starting
+    the backward from it means the logits need not be kept."""
+
+    def __init__(self, wrapped, loss_fn=None):
+        super().__init__(auto_prefix=False)
+        self.layers = nn.CellList(wrapped)
+        self.loss_fn = loss_fn
+        if loss_fn is not None:
+            self.loss_and_grad = ms.value_and_grad(loss_fn, grad_position=0)
+
+    @ms.jit
+    def construct(self, x, labels, scale, extras):
+        residuals = ()
+        for layer in self.layers:
+            x, kept = layer(x, extras)
+            residuals = residuals + kept
+        if self.loss_fn is None:
+            return x, residuals
+        loss, dlogits = self.loss_and_grad(x, labels)
+        return (loss, dlogits * scale), residuals
+
+
+class LayerGrad(nn.Cell):
+    """(x, dy) -> (dx, weight grads) for one layer. With `input_grad=False` dx is not
+    needed (the model's first layer) and the compiler skips computing it."""
+
+    def __init__(self, layer, input_grad=True):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.weights = ms.ParameterTuple(layer.trainable_params())
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=input_grad, get_by_list=bool(self.weights),
+                                      sens_param=True)
+
+    def construct(self, x, dy):
+        if not self.weights:
+            return self.grad(self.layer)(x, dy)[0], ()
+        if not self.input_grad:
+            return dy, self.grad(self.layer, self.weights)(x, dy)
+        dx, dw = self.grad(self.layer, self.weights)(x, dy)
+        return dx[0], dw
+
+
+def gradient_positions(layers):
+    """For each distinct parameter of `layers` (first use order), the positions of its
+    gradients in the per-layer gradient list: a weight two layers use gets both, summed."""
+    positions, k = {}, 0
+    for layer in layers:
+        for p in layer.trainable_params():
+            positions.setdefault(id(p), []).append(k)
+            k += 1
+    return tuple(tuple(ks) for ks in positions.values())
+
+
+def accumulate(accumulators, grads, positions):
+    """accumulators[u] + the gradients at positions[u], for every parameter u (unrolled).
+    The step's first backward passes no accumulators (an empty tuple, compiled as its own
+    graph) and gets the gradients themselves: nothing to zero, nothing to add."""
+    summed = ()
+    for u in range(len(positions)):
+        total = grads[positions[u][0]]
+        for k in positions[u][1:]:
+            total = total + grads[k]
+        summed = summed + ((accumulators[u] + total) if accumulators else total,)
+    return summed
+
+
+class Backward(nn.Cell):
+    """(dy, grad accumulators, *residuals) -> (dx, accumulators + this micro-batch's
+    grads). `layer_grads`: last layer first, each with the index of its `residual`."""
+
+    def __init__(self, layer_grads, positions):
+        super().__init__(auto_prefix=False)
+        self.reversed_grads = nn.CellList(layer_grads)
+        self.positions = positions
+
+    @ms.jit
+    def construct(self, dy, accumulators, *residuals):   # as *args: MindSpore 2.10 cannot
+        grads = ()                                        # differentiate at a tuple's element
+        for layer_grad in self.reversed_grads:
+            dy, dw = layer_grad(residuals[layer_grad.residual], dy)
+            grads = dw + grads
+        return dy, accumulate(accumulators, grads, self.positions)
+
+
+class Chunk:
+    """A slice of the model on this rank, with its micro-batches in flight and its gradients.
+
+    `forward(mb, x, labels)` returns the activation for the next chunk (on the model's last:
+    the loss); `backward(mb, dy)` the gradient for the previous one, and adds this
+    micro-batch's weight gradients to `grads`. The loss gradient is scaled by `grad_scale`
+    (1/(M x D)), so the summed gradients are the mean over the step's batch.
+    """
+
+    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
+        self.layers = leaves(layers)
+        self.params = list({id(p): p for layer in self.layers
+                            for p in layer.trainable_params()}.values())
+        self.is_last, self.loss_fn = loss_fn is not None, loss_fn
+        self.grad_scale = ms.Tensor(grad_scale, ms.float32)
+        self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
+        wrapped = [self.keeps(i) for i in range(len(self.layers))]
+        self.residual_of = [sum(w.keeps for w in wrapped[:i]) for i in range(len(wrapped))]
+        self.forward_cell = Forward(wrapped, loss_fn)
+        self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
+        self.residuals = {}     # micro-batch -> what its backward reads, from its F to its B
+        self.grads = ()         # summed weight gradients, in `params` order (() at a step's start)
+        self.training = None    # the mode the layers are in
+
+    def keeps(self, i):
+        """Layer i as the forward runs it: (x, extras) -> (output, residuals kept)."""
+        return KeepInput(self.layers[i])
+
+    def layer_grad(self, i, input_grad, make=LayerGrad):
+        """Layer i's backward: (its residual, dy) -> (dx, weight grads)."""
+        return make(self.layers[i], input_grad)
+
+    def layer_grads(self, input_grad, make=LayerGrad):
+        """Every layer's backward, last first, each knowing its residual's index. The first
+        layer of the model needs no input gradient (`input_grad` False)."""
+        grads = [self.layer_grad(i, input_grad or i > 0, make) for i in range(len(self.layers))]
+        for grad, index in zip(grads, self.residual_of):
+            grad.residual = index
+        return grads[::-1]
+
+    def extras(self, mb, x):
+        """What the layers take besides x, per micro-batch: nothing here."""
+        return ()
+
+    def set_mode(self, training):
+        if self.training != training:
+            for layer in self.layers:
+                layer.set_train(training)
+            self.training = training
+
+    def zero_grads(self):
+        """Start a step: its first backward's gradients become the sums."""
+        self.grads = ()
+
+    def accumulators(self):
+        return ms.mutable(self.grads) if self.grads else ()
+
+    def labels(self, labels):
+        return self.no_labels if labels is None else labels
+
+    def forward(self, mb, x, labels=None):
+        self.set_mode(True)
+        extras = self.extras(mb, x)
+        out, residuals = self.forward_cell(x, self.labels(labels), self.grad_scale, extras)
+        self.residuals[mb] = self.kept(x, labels, extras, residuals, out)
+        return out[0] if self.is_last else out
+
+    def kept(self, x, labels, extras, residuals, out):
+        """What waits for the backward: the residuals and the gradient to start from."""
+        return residuals, out[1] if self.is_last else None
+
+    def restored(self, kept):
+        """The residuals and start gradient from what `kept` returned."""
+        return kept
+
+    def backward(self, mb, dy=None):
+        residuals, start = self.restored(self.residuals.pop(mb))
+        dx, self.grads = self.backward_cell(start if self.is_last else dy, self.accumulators(),
+                                            *residuals)
+        return dx
+
+    def output_spec(self, x, labels=None):
+        """(shape, dtype) of this chunk's output on `x` (the logits', on the model's last):
+        one training forward, kept nowhere, which also compiles it."""
+        self.set_mode(True)
+        out, _ = self.forward_cell(x, self.labels(labels), self.grad_scale, self.extras(None, x))
+        out = out[1] if self.is_last else out
+        return tuple(out.shape), out.dtype

@@ -1,0 +1,167 @@
+"""The engine: one rank's share of a training step, executed from its schedule.
+
+    engine = Engine(model, loss_fn, make_optimizer, Config(stages=2, micro_batches=4, ...))
+    loss = engine.train_step(inputs, labels)   # the global mini-batch, the same on every rank
+
+A step: cut the batch into this replica's micro-batches; run this stage's actions in
+order (receive -> forward -> send, receive -> backward -> send), the chunks summing weight
+gradients over the micro-batches; sum the gradients over the replicas; step the optimizer.
+The engine decides nothing about order: the schedule does.
+"""
+from contextlib import nullcontext
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from pipe.core.chunk import Chunk
+from pipe.core.place import Topology, split
+from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
+from pipe.core.wire import HEADER, PointToPoint, connect, read_header, write_header
+
+__all__ = ["Engine", "CompiledUpdate", "sum_over"]
+
+
+class CompiledUpdate(nn.Cell):
+    """The optimizer step as one compiled graph: op by op it costs more than the backward."""
+
+    def __init__(self, optimizer):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+
+    @ms.jit
+    def construct(self, grads):
+        return self.optimizer(grads)
+
+
+def sum_over(wire, grads, ranks):
+    """Each gradient summed over `ranks`, as one flat message."""
+    if len(ranks) == 1 or not grads:
+        return tuple(grads)
+    flat = wire.all_reduce(ops.cat([g.reshape(-1) for g in grads]), ranks)
+    return tuple(p.reshape(g.shape) for g, p in zip(grads, ops.split(flat, [g.size for g in grads])))
+
+
+class Engine:
+    """Runs one rank's share of pipeline-parallel training of an nn.SequentialCell `model`.
+    `make_optimizer(params)` builds the optimizer over this rank's parameters."""
+
+    def __init__(self, model, loss_fn, make_optimizer, config, wire=None):
+        config.check()
+        self.config = config
+        self.wire = wire or connect(config.device)
+        self.topo = Topology(config.stages, config.data_parallel)
+        self.topo.check_world_size(self.wire.size)
+        self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
+        self.schedule, self.chunks = self.build(model, loss_fn)
+        self.optimizer = make_optimizer([p for chunk in self.chunks for p in chunk.params])
+        self.update = CompiledUpdate(self.optimizer)
+        self.p2p = None                  # this rank's messages, once the stages agree on shapes
+        self.step = 0                    # optimizer steps taken
+        self.inbox, self.outbox = {}, {}  # tensors in flight, by message key
+        self.handlers = {"F": self.forward, "B": self.backward, "sF": self.send, "sB": self.send,
+                         "rF": self.recv, "rB": self.recv}
+
+    def build(self, model, loss_fn):
+        """The lowered schedule, and this rank's chunk: its stage's share of the layers."""
+        P, M, D = self.config.stages, self.config.micro_batches, self.config.data_parallel
+        schedule = lower({"gpipe": gpipe, "1f1b": one_f_one_b}[self.config.schedule](P, M))
+        layers, s = list(model.cells()), self.stage
+        first, last = len(layers) * s // P, len(layers) * (s + 1) // P
+        return schedule, [Chunk(layers[first:last], loss_fn if s == P - 1 else None,
+                                is_first=s == 0, grad_scale=1.0 / (M * D))]
+
+    # ---- one training step ------------------------------------------------------------
+    def train_step(self, inputs, labels):
+        """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
+        batch = self.micro_batches(inputs, labels)
+        self.step += 1
+        if self.p2p is None:
+            self.p2p = self.connect_stages(batch)
+        for chunk in self.chunks:
+            chunk.zero_grads()
+        # Each micro-batch's backward starts from d loss / d logits x 1/(M x D), the chunks
+        # sum M micro-batches, the all-reduce D replicas: the mean over the whole batch.
+        share = self.run_step(batch)
+        grads = self.reduce(tuple(g for chunk in self.chunks for g in chunk.grads))
+        self.update(ms.mutable(grads))
+        world = tuple(range(self.topo.world_size))
+        return float(self.wire.all_reduce(share, world).asnumpy()[0]) / self.config.data_parallel
+
+    def micro_batches(self, inputs, labels):
+        return split(self.config, inputs, labels, self.replica)
+
+    def run_step(self, batch):
+        """This rank's actions; returns its share of the step's loss (0 off the last stage)."""
+        self.execute(self.schedule, batch, self.handlers)
+        losses = batch.outputs or [ops.zeros((), ms.float32)]
+        return (ops.stack(losses).sum() / self.config.micro_batches).reshape(1)
+
+    def reduce(self, grads):
+        """Sum each gradient over the replicas of this stage."""
+        return sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))
+
+    def execute(self, schedule, batch, handlers):
+        """Run this stage's actions in order. This loop is the whole runtime."""
+        for i, action in enumerate(schedule.actions[self.stage]):
+            with self.around(schedule, i):
+                handlers[action.kind](action, batch)
+
+    def around(self, schedule, i):
+        """Context of action i of this stage's list: nothing here (watch, trace)."""
+        return nullcontext()
+
+    # ---- the actions ------------------------------------------------------------------
+    def forward(self, action, batch):
+        chunk = self.chunks[action.chunk]
+        self.hand_on(action, chunk.forward(action.mb, self.take(action, batch), batch.labels[action.mb]), batch)
+
+    def backward(self, action, batch):
+        self.hand_on(action, self.chunks[action.chunk].backward(action.mb, self.take(action, batch)), batch)
+
+    def take(self, action, batch):
+        """The tensor `action` computes from: a micro-batch's input on virtual stage 0, the
+        loss gradient (None) on the last, else the received or handed-over one."""
+        key = message_key(self.schedule, self.stage, action)
+        if action.kind == "F" and key[2] == 0:
+            return batch.inputs[action.mb]
+        return self.inbox.pop(key, None)
+
+    def hand_on(self, action, tensor, batch):
+        """To the next virtual stage (after F) or the previous one (after B): into its inbox
+        when this stage holds it too, else to the outbox for a send; the output to `batch`."""
+        kind = HANDS_ON[action.kind]
+        to = self.schedule.virtual_stage(self.stage, action.chunk) + (1 if kind == "F" else -1)
+        if to == self.schedule.virtual_stages:
+            batch.outputs.append(tensor)
+        elif 0 <= to:
+            box = self.inbox if self.schedule.holds(self.stage, to) else self.outbox
+            box[(kind, action.mb, to)] = tensor
+
+    def send(self, action, batch):
+        self.p2p.send(self.outbox.pop(message_key(self.schedule, self.stage, action)), action)
+
+    def recv(self, action, batch):
+        self.inbox[message_key(self.schedule, self.stage, action)] = self.p2p.recv(action)
+
+    # ---- before the first step --------------------------------------------------------
+    def connect_stages(self, batch, probe=None):
+        """Agree on what crosses each boundary: in virtual-stage order, each stage learns
+        its input's (shape, dtype) from the previous, runs its forward on it (compiling
+        it) and tells the next its output's. `probe(chunk index, virtual stage, spec)` ->
+        output spec, or None to tell the next that nothing will come."""
+        probe = probe or (lambda c, vs, spec: self.chunks[c].output_spec(
+            ops.ones(*spec), batch.labels[0]))
+        s, schedule, ranks = self.stage, self.schedule, self.topo.pipeline_ranks(self.replica)
+        x, specs = batch.inputs[0], {}
+        for c in range(schedule.chunks):
+            vs = schedule.virtual_stage(s, c)
+            if vs == 0:
+                specs[vs] = (tuple(x.shape), x.dtype)
+            elif not schedule.holds(s, vs - 1):  # (held: this stage's own output)
+                specs[vs] = read_header(self.wire.recv((HEADER,), ms.int32, ranks[
+                    schedule.stage_of(vs - 1)], schedule.free_tag).asnumpy())
+            specs[vs + 1] = None if specs[vs] is None else probe(c, vs, specs[vs])
+            if vs + 1 < schedule.virtual_stages and not schedule.holds(s, vs + 1):
+                self.wire.send(ms.Tensor(write_header(specs[vs + 1])),
+                               ranks[schedule.stage_of(vs + 1)], schedule.free_tag)
+        return PointToPoint(self.wire, ranks, specs)
