@@ -30,7 +30,7 @@ done
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
 case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
-NAMES=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
+NAMES=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 [[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
 [[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"

@@ -12,7 +12,7 @@ GRAPH=""
 while [ "${1:-}" = --one-graph ] || [ "${1:-}" = --defer-wgrad ]; do
   if [ "$1" = --one-graph ]; then GRAPH=--one-graph; else FLAGS="$FLAGS $1"; fi; shift
 done
-ALL=$(python -c "from pipe.schedule import SCHEDULES; print(*SCHEDULES)")
+ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
 echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
 python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1

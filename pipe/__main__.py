@@ -7,14 +7,14 @@ or compare every schedule for one P, M and set of costs.
     python -m pipe --schedule zb-v --stages 2 --micro-batches 8 --defer-wgrad
 
 The table and the bubble come from one simulated timeline with the costs it prints
-(`--cost F B W`, or measured from a recorded trace, whose own bubble is printed beside).
-Memory is counted per rank in micro-batches of a whole stage's activations, held from F
+(`--cost F I W`, or measured from a recorded trace, whose own bubble is printed beside).
+Memory is counted per stage in micro-batches of a whole stage's activations, held from F
 until the last backward piece (W, when the backward is split): a chunk of v holds 1/v.
 With `--defer-wgrad` every schedule runs its weight gradients at the flush (`W*`).
 """
 import sys
 
-from pipe import schedule as schedules
+from pipe import schedules
 from pipe.cli import Parser
 from pipe.config import PipelineConfig, as_flags
 from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
@@ -22,8 +22,8 @@ from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_b
 
 
 def peaks(schedule):
-    """Each rank's peak activation memory, in micro-batches of a whole stage."""
-    return [schedules.peak_in_flight(schedule, r) / schedule.chunks for r in range(schedule.stages)]
+    """Each stage's peak activation memory, in micro-batches of a whole stage."""
+    return [schedules.peak_in_flight(schedule, s) / schedule.chunks for s in range(schedule.stages)]
 
 
 def messages(schedule):
@@ -32,9 +32,9 @@ def messages(schedule):
 
 def compare(stages, micro_batches, chunks, cost, defer_wgrad):
     """One line per schedule that takes this P and M: bubble, memory, messages."""
-    print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} B={cost[1]:g} W={cost[2]:g}"
+    print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} I={cost[1]:g} W={cost[2]:g}"
           + (", W* at the flush" if defer_wgrad else ""))
-    print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per rank (micro-batches)")
+    print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per stage (micro-batches)")
     for name in schedules.SCHEDULES:
         v = chunks if name == "interleaved-1f1b" else schedules.CHUNKS.get(name, 1)
         try:
@@ -53,19 +53,20 @@ def show(schedule, cost, lowered, traced=None):
     to the bubble, the `traced` one measured in the trace the costs came from."""
     timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
     print(format_table(schedule, timeline))
-    print(f"\ncosts: F={cost[0]:g} B={cost[1]:g} W={cost[2]:g} "
-          f"({'B and W separate' if schedule.split_backward else 'B includes W'}"
-          + ("; W* at the flush, all micro-batches at once)" if schedule.defer_wgrad else ")"))
+    print(f"\ncosts: F={cost[0]:g} I={cost[1]:g} W={cost[2]:g} "
+          f"({'I and W separate' if schedules.splits_backward(schedule) else 'B = I + W'}"
+          + ("; W* at the flush, all micro-batches at once)" if schedules.defers_wgrad(schedule)
+             else ")"))
     print(f"bubble: {timeline.bubble:.4f}" + (f" (measured in the trace: {traced:.4f})"
                                               if traced is not None else ""))
-    print("peak memory per rank (micro-batches, F until the last backward piece):",
+    print("peak memory per stage (micro-batches, F until the last backward piece):",
           " ".join(f"{p:g}" for p in peaks(schedule)))
-    for rank, actions in enumerate(schedule.actions):
+    for stage, actions in enumerate(schedule.actions):
         sends = " ".join(f"{a}->{a.peer}" for a in actions if a.kind[0] == "s")
         recvs = " ".join(f"{a}<-{a.peer}" for a in actions if a.kind[0] == "r")
-        print(f"rank {rank} sends: {sends or '-'}\nrank {rank} receives: {recvs or '-'}")
+        print(f"stage {stage} sends: {sends or '-'}\nstage {stage} receives: {recvs or '-'}")
         if lowered:
-            print(f"rank {rank} actions: " + " ".join(map(str, actions)))
+            print(f"stage {stage} actions: " + " ".join(map(str, actions)))
 
 
 def main(argv=None):
@@ -74,13 +75,13 @@ def main(argv=None):
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--chunks", type=int, help="chunks per rank (interleaved: 2)")
-    p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "B", "W"),
+    p.add_argument("--chunks", type=int, help="chunks per stage (interleaved: 2)")
+    p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "I", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
-    p.add_argument("--measured", metavar="TRACE", help="take F/B/W costs from a recorded trace")
+    p.add_argument("--measured", metavar="TRACE", help="take F/I/W costs from a recorded trace")
     p.add_argument("--defer-wgrad", action="store_true",
                    help="weight gradients at the flush, one W* per chunk over all micro-batches")
-    p.add_argument("--lowered", action="store_true", help="also print every rank's action list")
+    p.add_argument("--lowered", action="store_true", help="also print every stage's action list")
     args = p.parse_args(argv)
     name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
     try:

@@ -1,16 +1,17 @@
-"""After the schedule: what the ranks add up before and after the optimizer step.
+"""What the ranks add up besides core's sum over replicas: tied weights and the global norm.
 
-Gradients are summed over the D replicas of a stage (one flat message), a tied weight's
-over every rank that holds a copy; the squared gradient norm for clipping over every rank;
-batch norm's moving statistics are averaged over the replicas; the step's loss, known to
-the last stages, reaches every rank. Each is one call of the wire's `all_reduce`.
+A weight used on two stages (a tied embedding and output head) has a copy on each; their
+gradients are summed over every rank that holds one. Clipping by the global norm adds the
+squared gradients of the whole model over every rank.
 """
 import math
 
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["sum_gradients", "clip_by_global_norm", "average_buffers", "loss_share", "step_loss"]
+from pipe.core.engine import sum_over
+
+__all__ = ["sum_gradients", "clip_by_global_norm"]
 
 
 def sum_gradients(wire, grads, replica_ranks, tied):
@@ -18,10 +19,8 @@ def sum_gradients(wire, grads, replica_ranks, tied):
     hold a copy of weight k (its replicas included), summed over those instead."""
     grads = list(grads)
     plain = [k for k in range(len(grads)) if k not in tied]
-    if len(replica_ranks) > 1 and plain:
-        flat = wire.all_reduce(ops.cat([grads[k].reshape(-1) for k in plain]), replica_ranks)
-        for k, part in zip(plain, ops.split(flat, [grads[k].size for k in plain])):
-            grads[k] = part.reshape(grads[k].shape)
+    for k, summed in zip(plain, sum_over(wire, [grads[k] for k in plain], replica_ranks)):
+        grads[k] = summed
     for k, ranks in tied.items():
         grads[k] = wire.all_reduce(grads[k], ranks)
     return tuple(grads)
@@ -36,26 +35,3 @@ def clip_by_global_norm(wire, grads, counted, clip, world, replicas):
     squares = ops.stack(mine).sum().reshape(1) if mine else ops.zeros(1, ms.float32)
     norm = math.sqrt(float(wire.all_reduce(squares, world).asnumpy()[0]) / replicas)
     return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
-
-
-def average_buffers(wire, buffers, replica_ranks):
-    """Each buffer set to its mean over the replicas, which saw different data. (One
-    all-reduce per buffer: a slice of a flat buffer would be a view, which batch norm's
-    in-place update refuses; assigned in place, since compiled graphs hold its storage.)"""
-    for buffer in buffers:
-        ops.assign(buffer, wire.all_reduce(buffer.value(), replica_ranks) / len(replica_ranks))
-
-
-def loss_share(losses, micro_batches):
-    """This rank's share of the step's mean loss, on the device: its micro-batches' losses
-    (the last stages hold them) / M, as a 1-element tensor (0 on other stages). Also
-    called inside the step graph (pipe.step_graph)."""
-    if not losses:
-        return ops.zeros(1, ms.float32)
-    return (ops.stack(losses).sum() / micro_batches).reshape(1)
-
-
-def step_loss(wire, share, replicas, world):
-    """The step's mean loss on every rank: the shares summed over the world and the
-    replicas averaged, so the host waits for it once."""
-    return float(wire.all_reduce(share, world).asnumpy()[0]) / replicas

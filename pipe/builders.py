@@ -23,7 +23,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.chunk import leaves
+from pipe.core.chunk import leaves
 from pipe.partition import check_layer
 
 __all__ = ["LayerBuilders", "layer_seed"]

@@ -1,9 +1,14 @@
-"""Everything that decides how a model is pipelined, in one object, checked before any message."""
+"""Everything that decides how a model is pipelined, in one object, checked before any message.
+
+Core's Config (stages, replicas, micro-batches, batch size, schedule, device) and what the
+features add, each with its default.
+"""
 import re
 from dataclasses import dataclass, fields
 from typing import Optional, Union
 
-from pipe.schedule import CHUNKS
+from pipe.core.config import Config
+from pipe.schedules import CHUNKS
 
 __all__ = ["PipelineConfig", "as_flags"]
 
@@ -18,17 +23,11 @@ def as_flags(message):
 
 
 @dataclass
-class PipelineConfig:
-    stages: int = 1                      # P: pipeline depth, one stage per rank
-    data_parallel: int = 1               # D: pipeline replicas, each fed B/D samples
-    micro_batches: int = 1               # M: micro-batches per replica per step
-    batch_size: int = 1                  # B: global mini-batch per step
-    schedule: str = "1f1b"               # a name from pipe.schedule.SCHEDULES
-    chunks: Optional[int] = None         # v: model chunks per rank (None: pipe.schedule.CHUNKS)
+class PipelineConfig(Config):
+    chunks: Optional[int] = None         # v: model chunks per stage (None: pipe.schedules.CHUNKS)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     defer_wgrad: bool = False            # weight gradients at the flush, over all micro-batches at once
-    device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
@@ -40,10 +39,8 @@ class PipelineConfig:
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "chunks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if not isinstance(self.chunks, int) or self.chunks < 1:
+            raise ValueError(f"chunks={self.chunks!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         for name in ("recompute", "defer_wgrad", "one_graph"):
@@ -52,10 +49,4 @@ class PipelineConfig:
         if not 0 <= self.clip_grad_norm < float("inf"):
             raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
                              "positive finite number")
-        per_step = self.data_parallel * self.micro_batches
-        if self.batch_size % per_step:
-            raise ValueError(
-                f"batch_size={self.batch_size} cannot be split over data_parallel="
-                f"{self.data_parallel} replicas x micro_batches={self.micro_batches}: it must be "
-                f"a multiple of {per_step}; try batch_size="
-                f"{max(per_step, self.batch_size // per_step * per_step)}")
+        super().check()

@@ -1,16 +1,14 @@
-"""Before the first step, neighbouring stages agree on the shapes that cross each boundary.
+"""Before the first step, every stage's forward is checked on what will reach it.
 
-The walk follows the virtual stages in order: each learns its input's shape and dtype from
-the previous one, runs its forward on that input (which also compiles it), and tells the
-next its output's. Receives then never guess a shape. A training forward runs twice and
-must give the same result: a layer that draws its own random numbers is refused here,
-since the backward would run it again and draw others.
-
-Whatever fails on any rank, of any exception type, every rank learns it in one all-reduce
-and fails before any real message. What is wrong with a boundary (a shape, a dtype) reaches
-every rank in full; the model's own error (a layer's exception, the loss's, a compile
-failure, a random layer) is told in full by the rank where it happened, with the layer,
-and the others say where to look.
+Core's walk (`Engine.connect_stages`) passes each boundary's (shape, dtype) from stage to
+stage and runs each forward on it. Here each forward runs under `StageCheck.probe`: any
+exception is kept rather than raised, and a training forward runs twice and must give the
+same result (a layer that draws its own random numbers would draw others when pipe's
+backward runs it again). Then one all-reduce (`StageCheck.agree`) tells every rank of
+every failure, before any real message. What is wrong with a boundary (a shape, a dtype)
+reaches every rank in full; the model's own error (a layer's exception, the loss's, a
+compile failure, a random layer) is told in full by the rank where it happened, with the
+layer, and the others say where to look.
 """
 import glob
 import os
@@ -21,17 +19,19 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.chunk import RandomLayer
-from pipe.comm import WIRE_DTYPES, PointToPoint
-from pipe.watchdog import PeerFailed, first_line
+from pipe.core.wire import DTYPES, HEADER, read_header, write_header
+from pipe.deadlines import PeerFailed
+from pipe.watchdog import first_line
 
-__all__ = ["connect_stages", "handshake", "check_input", "agreed"]
+__all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
 
-HEADER = 8                             # int32s: rank of the shape, dtype index, dims...
-DTYPES = list(WIRE_DTYPES)             # a dtype travels in the header as its index here
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
+
+
+class RandomLayer(TypeError):
+    """A layer draws random numbers inside: pipe's backward would run it again and draw others."""
 
 
 class Failure(NamedTuple):
@@ -46,25 +46,96 @@ class Failure(NamedTuple):
     error: object
 
 
-def write_header(spec):
-    """(shape, dtype) as a fixed-size int32 array; None (an upstream failure) as -1s."""
-    header = np.full(HEADER, -1, np.int32)
-    if spec is not None:
-        shape, dtype = spec
-        header[:2 + len(shape)] = [len(shape), DTYPES.index(dtype), *shape]
-    return header
+# ---- one chunk's forward, run before the first step -----------------------------------
+def probe(chunk, x, labels, training=True):
+    """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
+    leaving the buffers as they were; returns the (shape, dtype) of its output (on the
+    model's last chunk, the logits'). A training forward runs twice: if they differ,
+    `RandomLayer` names the layer. (`predict` probes in eval mode, with no loss.)"""
+    chunk.set_mode(training)
+    if not training:
+        out = chunk.infer_cell(x)
+        return tuple(out.shape), out.dtype
+    labels = chunk.labels(labels)
+    with chunk.buffers_kept():
+        masks = chunk.extras(None, x)
+        runs = [chunk.forward_cell(x, labels, chunk.grad_scale, masks)[0] for _ in range(2)]
+    if not _same(*runs):
+        raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
+                          "of its forward on the same input differ, and pipe's backward "
+                          "runs it again, drawing others; make each dropout an nn.Dropout "
+                          "layer of its own (pipe draws its mask once per micro-batch)")
+    out = runs[0][1] if chunk.is_last else runs[0]
+    return tuple(out.shape), out.dtype
 
 
-def read_header(header):
-    if header[0] < 0:
-        return None
-    return tuple(int(d) for d in header[2:2 + header[0]]), DTYPES[int(header[1])]
+def _random_layer(chunk, x):
+    """The first layer whose output differs between two eager runs on the same input."""
+    with chunk.buffers_kept():
+        for k, layer in enumerate(chunk.layers):
+            y = layer(x)
+            if type(layer) is not nn.Dropout and not _same(y, layer(x)):
+                return describe_layer(chunk, k)
+            x = y
+    return f"a layer of {describe_layer(chunk, 0)} to {describe_layer(chunk, len(chunk.layers) - 1)}"
 
 
-def _first_weight(stage):
+def describe_layer(chunk, k):
+    """Leaf layer k as a user knows it: its index in the whole model (and its place within
+    that layer, when pipe split a nested SequentialCell), and its class."""
+    i, j = chunk.named[k]
+    part = f".{j}" if sum(1 for n in chunk.named if n[0] == i) > 1 else ""
+    return f"layer {i}{part} ({type(chunk.layers[k]).__name__})"
+
+
+def locate_failure(chunk, x, labels):
+    """Where the training forward fails on `x` when run eagerly, piece by piece:
+    (k, what, its exception) for leaf layer k, or k = len(layers) for the loss; None
+    when every piece runs alone (the failure is in compiling them together)."""
+    chunk.set_mode(True)
+    with chunk.buffers_kept():
+        for k, layer in enumerate(chunk.layers):
+            try:
+                y = layer(x)
+            except Exception as error:       # the user's code: any exception
+                return k, f"{describe_layer(chunk, k)}, given {_spec(x)}", error
+            x = y
+        if chunk.is_last and labels is not None:
+            try:
+                chunk.loss_fn(x, labels)
+            except Exception as error:
+                return len(chunk.layers), (f"loss_fn, given logits of {_spec(x)} and labels "
+                                           f"of {_spec(labels)}"), error
+    return None
+
+
+def _spec(x):
+    """What a piece was given, in words: `shape (4, 8) Float32`, or what it was instead."""
+    if isinstance(x, ms.Tensor):
+        return f"shape {tuple(x.shape)} {x.dtype}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
+
+
+def _flat(out):
+    """The tensors of a forward's output, nested tuples flattened."""
+    if isinstance(out, (tuple, list)):
+        return [t for part in out for t in _flat(part)]
+    return [out]
+
+
+def _same(one, other):
+    """Whether two runs' outputs are equal, bit for bit (NaN equal to NaN)."""
+    return all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
+               for a, b in zip(_flat(one), _flat(other)))
+
+
+# ---- what went wrong, in words ---------------------------------------------------------
+def _first_weight(chunk):
     """The first leaf layer with weights, by index, and its first weight: what sets the
     dtype (and, for an nn.Dense first, the features) the stage takes."""
-    for k, layer in enumerate(stage.layers):
+    for k, layer in enumerate(chunk.layers):
         for p in layer.trainable_params():
             return k, p
     return None, None
@@ -79,23 +150,22 @@ def check_input(spec, carried):
     return None
 
 
-def explain(stage, spec, labels, error):
+def explain(chunk, spec, labels, error):
     """(kind, expected, what) for the `error` that a stage's forward raised on an input of
     `spec`: the boundary's dtype or shape when the stage's first layer with weights cannot
-    take the input; else the model's own error, with the piece of the stage that raised it
-    (run again eagerly, piece by piece)."""
+    take the input; else the model's own error, with the piece that raised it."""
     if isinstance(error, RandomLayer):
         return "model", 0, str(error)
-    found = stage.locate_failure(ops.ones(*spec), labels)
+    found = locate_failure(chunk, ops.ones(*spec), labels)
     if found is None:
         return "model", 0, ("compiling its forward failed (each layer ran alone): "
                             f"{first_line(error)}")
     k, where, cause = found
-    first, weight = _first_weight(stage)
+    first, weight = _first_weight(chunk)
     shape, dtype = spec
     if k == first and dtype in FLOATS and dtype != weight.dtype:
         return "dtype", DTYPES.index(weight.dtype), ""
-    layer = stage.layers[k] if k < len(stage.layers) else None
+    layer = chunk.layers[k] if k < len(chunk.layers) else None
     if k == 0 and isinstance(layer, nn.Dense) and shape[-1] != layer.in_channels:
         return "shape", layer.in_channels, ""
     return "model", 0, f"{where}, raised {first_line(cause)}"
@@ -132,80 +202,71 @@ def _failure_text(vs, kind, expected, spec, bounds):
             f"expects {expected} features. {fix}")
 
 
-def _check_stage(stage, vs, spec, labels, bounds, carried, training):
-    """(the stage's output spec, None), or (None, its Failure) when it cannot run on an
-    input of `spec`."""
-    problem = check_input(spec, carried)
-    if problem is not None:
-        return None, Failure(vs, spec, *problem, "", None)
-    since = time.time()
-    try:
-        return stage.probe(ops.ones(*spec), labels, training), None
-    except Exception as error:           # the user's model: any exception is its error
-        kind, expected, what = explain(stage, spec, labels if training else None, error)
-        first, last = bounds[vs]
-        layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
-        text = (f"stage {vs} ({layers}) failed on {_coming(vs, bounds)}, of shape {spec[0]} "
-                f"{spec[1]}: {what}{_compile_report(since)}")
-        return None, Failure(vs, spec, kind, expected, text, error)
+# ---- the check, on every rank ------------------------------------------------------------
+class StageCheck:
+    """Core's `connect_stages` probe, keeping this rank's first failure, and `agree`, which
+    fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage."""
 
+    def __init__(self, chunks, bounds, labels, carried, training=True):
+        self.chunks, self.bounds, self.labels = chunks, bounds, labels
+        self.carried, self.training = carried, training
+        self.failure = None
 
-def handshake(wire, schedule, ranks, me, stages, bounds, x, labels, world, training=True):
-    """Returns ({virtual stage: (shape, dtype)} for this rank's inputs and outputs, the
-    model's output spec). `stages[c]` is this rank's chunk c; `bounds[vs]` are the layers
-    of every virtual stage. `training` False (predict) runs the forward in eval mode, with
-    no loss."""
-    V, specs, failure = schedule.virtual_stages, {}, None
-    spec_out = None
-    for chunk, stage in enumerate(stages):
-        vs = schedule.virtual_stage(me, chunk)
-        if vs == 0:
-            spec_in = (tuple(x.shape), x.dtype)
-        elif schedule.holds(me, vs - 1):              # the turn of a V: this rank's own output
-            spec_in = specs[vs]
-        else:
-            spec_in = read_header(wire.recv((HEADER,), ms.int32, ranks[schedule.rank_of(vs - 1)],
-                                            schedule.free_tag).asnumpy())
-        spec_out = None
-        if spec_in is not None and failure is None:
-            spec_out, failure = _check_stage(stage, vs, spec_in, labels, bounds,
-                                             wire.dtypes if vs else None, training)
-        specs[vs], specs[vs + 1] = spec_in, spec_out
-        if vs < V - 1 and not schedule.holds(me, vs + 1):
-            wire.send(ms.Tensor(write_header(spec_out)), ranks[schedule.rank_of(vs + 1)],
-                      schedule.free_tag)
-    # One all-reduce: every rank's failure (stage, what went wrong, what it expects, what it
-    # got), and the model's output spec for predict. Rows are summed, so each rank fills
-    # only its own.
-    rows = np.zeros((world + 1, 3 + HEADER), np.int32)
-    if failure is not None:                     # +1: -1 pads sum to 0
-        rows[wire.rank] = [KINDS.index(failure.kind) + 1, failure.vs, failure.expected,
-                           *(write_header(failure.spec) + 1)]
-    if stages[-1].is_last and ranks[0] == 0 and spec_out is not None:
-        rows[world, 3:] = write_header(spec_out) + 1
-    rows = wire.all_reduce(ms.Tensor(rows), tuple(range(world))).asnumpy()
-    _raise_failures(rows[:world], failure, bounds)
-    return specs, read_header(rows[world, 3:] - 1)
+    def probe(self, c, vs, spec):
+        """The output spec of chunk c (virtual stage vs) on an input of `spec`, or None
+        when it (or an earlier chunk of this rank) failed."""
+        if self.failure is not None:
+            return None
+        problem = check_input(spec, self.carried if vs else None)
+        if problem is not None:
+            self.failure = Failure(vs, spec, *problem, "", None)
+            return None
+        since, chunk = time.time(), self.chunks[c]
+        try:
+            return probe(chunk, ops.ones(*spec), self.labels, self.training)
+        except Exception as error:           # the user's model: any exception is its error
+            kind, expected, what = explain(chunk, spec, self.labels if self.training else None, error)
+            first, last = self.bounds[vs]
+            layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
+            text = (f"stage {vs} ({layers}) failed on {_coming(vs, self.bounds)}, of shape "
+                    f"{spec[0]} {spec[1]}: {what}{_compile_report(since)}")
+            self.failure = Failure(vs, spec, kind, expected, text, error)
+            return None
 
+    def agree(self, wire, specs, last_stage_rank):
+        """One all-reduce of every rank's failure (stage, what went wrong, what it expects,
+        what it got) and the model's output spec, which `last_stage_rank` adds (rows are
+        summed: each rank fills only its own). Returns the output spec."""
+        rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
+        failure = self.failure
+        if failure is not None:                     # +1: -1 pads sum to 0
+            rows[wire.rank] = [KINDS.index(failure.kind) + 1, failure.vs, failure.expected,
+                               *(write_header(failure.spec) + 1)]
+        output = specs.get(len(self.bounds))
+        if wire.rank == last_stage_rank and output is not None:
+            rows[wire.size, 3:] = write_header(output) + 1
+        rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
+        self._raise_failures(rows[:wire.size])
+        return read_header(rows[wire.size, 3:] - 1)
 
-def _raise_failures(rows, mine, bounds):
-    """Fail on every rank if any failed. A boundary's problem is told in full everywhere;
-    the model's own error in full where it happened, and elsewhere as a line naming that
-    rank. `mine`: this rank's Failure, or None."""
-    failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1), rank)
-                     for rank, r in enumerate(rows) if r[0]})
-    if not failed:
-        return
-    told = [_failure_text(vs, kind, expected, spec, bounds)
-            for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
-    error = mine.error if mine is not None else None
-    if mine is not None and mine.kind == "model":
-        told.append(mine.text)
-    if told:
-        raise RuntimeError("check before the first step failed: " + "; ".join(told)) from error
-    vs, _, _, _, rank = failed[0]
-    raise PeerFailed(f"the check before the first step failed on rank {rank} (stage {vs}): "
-                     f"rank {rank}'s error says why")
+    def _raise_failures(self, rows):
+        """A boundary's problem is told in full everywhere; the model's own error in full
+        where it happened, and elsewhere as a line naming that rank."""
+        failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1), rank)
+                         for rank, r in enumerate(rows) if r[0]})
+        if not failed:
+            return
+        told = [_failure_text(vs, kind, expected, spec, self.bounds)
+                for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
+        mine = self.failure
+        if mine is not None and mine.kind == "model":
+            told.append(mine.text)
+        if told:
+            raise RuntimeError("check before the first step failed: " + "; ".join(told)) \
+                from (mine.error if mine is not None else None)
+        vs, _, _, _, rank = failed[0]
+        raise PeerFailed(f"the check before the first step failed on rank {rank} (stage {vs}): "
+                         f"rank {rank}'s error says why")
 
 
 def agreed(wire, work):
@@ -226,13 +287,3 @@ def agreed(wire, work):
         raise PeerFailed(f"rank {rank} failed while building its stages: rank {rank}'s error "
                          "says why")
     return result
-
-
-def connect_stages(wire, layout, x, labels, training=True):
-    """This rank's pipeline messages (a PointToPoint with every boundary's shape), agreed
-    with its neighbours on the first micro-batch `x`, and the model's output spec."""
-    ranks = layout.topo.pipeline_ranks(layout.replica)
-    shapes, output_spec = handshake(wire, layout.schedule, ranks, layout.stage, layout.chunks,
-                                    layout.all_bounds, x, labels, layout.topo.world_size,
-                                    training)
-    return PointToPoint(wire, ranks, shapes), output_spec

@@ -3,7 +3,7 @@
 Every rank builds the same full model (same seed), or only its own layers when the model
 comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with
 v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in the V
-of ZB-V and DualPipeV: pipe.schedule).
+of ZB-V and DualPipeV: pipe.schedules).
 Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
 from every rank merge into one model; a weight used on two stages (a tied embedding and
 output head) is found by identity and listed with the ranks that hold a copy.
@@ -11,14 +11,15 @@ output head) is found by identity and listed with the ranks that hold a copy.
 from dataclasses import dataclass
 from functools import cached_property
 
+from pipe.batchnorm import refuse_deferred
 from pipe.builders import LayerBuilders
-from pipe.chunk import Chunk
+from pipe.chunk import Chunk, RecomputedChunk
+from pipe.core.place import Topology
 from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
-from pipe.schedule import forward_only, lower
+from pipe.predict import forward_only
 from pipe.simulator import checked_schedule
 from pipe.step_graph import check_supported
-from pipe.topology import Topology
 
 __all__ = ["Layout", "build_layout", "plan", "check_exact"]
 
@@ -78,11 +79,7 @@ def check_exact(config, buffers):
     statistics): the step as one graph, and weight gradients deferred to the flush."""
     if config.one_graph:
         check_supported(config, buffers)
-    if config.defer_wgrad and buffers:
-        raise ValueError("defer_wgrad runs each layer's weight gradient once over the rows "
-                         "of all micro-batches: batch norm (a layer with buffers) would normalize "
-                         "them by the statistics of all those rows, not of each micro-batch; "
-                         "turn defer_wgrad off")
+    refuse_deferred(config, buffers)
 
 
 def plan(model, loss_fn, config, wire, sample=None):
@@ -117,12 +114,12 @@ def build_layout(model, loss_fn, config, rank, costs):
     all_bounds = stage_bounds(model, P, costs, chunks=v)
     scale = 1.0 / (M * config.data_parallel)
     chunks, bounds, names = [], [], []
+    kind = RecomputedChunk if config.recompute else Chunk
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)
         layers, chunk_names = partition(model, all_bounds[vs])
-        chunks.append(Chunk(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                            grad_scale=scale, recompute=config.recompute,
-                            first_layer=all_bounds[vs][0]))
+        chunks.append(kind(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
+                           grad_scale=scale, first_layer=all_bounds[vs][0]))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
     check_exact(config, [b for chunk in chunks for b in chunk.buffers])
@@ -132,6 +129,6 @@ def build_layout(model, loss_fn, config, rank, costs):
     params = [p for chunk in chunks for p in chunk.params]
     tied = {} if isinstance(model, LayerBuilders) else tied_weights(   # builders share nothing
         model, all_bounds, params,
-        lambda vs: [topo.rank_of(schedule.rank_of(vs), r) for r in range(config.data_parallel)])
-    return Layout(config, topo, rank, schedule, lower(forward_only(schedule)), all_bounds,
+        lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
+    return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,
                   chunks, bounds, names, tied)

@@ -7,7 +7,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.chunk import is_plain_sequence, leaves
+from pipe.core.chunk import is_plain_sequence, leaves
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
            "timed_costs", "tied_weights", "whole_model_names"]

@@ -1,13 +1,13 @@
 """A rank's whole training step as one compiled graph, generated from its action list.
 
-The engine's loop (pipe.engine) makes one compiled call per F, B or W and one wire call per
+The engine's loop (pipe.core.engine) makes one compiled call per F, B, I or W and one wire call per
 message; each costs the host 0.2-0.5 ms whatever the work (docs/benchmarks.md), which
 bounds small models and deep pipelines. `StepGraph` walks the same lowered list once,
 while MindSpore compiles: each action becomes the chunk's own compiled cell (pipe.chunk),
-inlined, and each message the wire's in-graph operator (`PointToPoint.graph_op`). The
+inlined, and each message the wire's in-graph operator (`graph_op`). The
 messages keep the list's order because each takes a token from the one before
 (`ops.depend`); the list's order is deadlock-free (pipe.simulator), so the graph is too.
-One call then runs the step: F, B, W and messages, the gradients summed per chunk, and,
+One call then runs the step: F, B, I, W and messages, the gradients summed per chunk, and,
 when nothing has to be summed with other ranks first (one replica, no tied weights, no
 clipping by the global norm), the optimizer's update too.
 
@@ -17,15 +17,18 @@ the micro-batches. What needs the host between actions is refused: layers with b
 Per-action traces and the watchdog's action position need the loop too.
 """
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
-from pipe.allreduce import loss_share
-from pipe.schedule import EVERY
+from pipe.core.engine import loss_share
+from pipe.core.schedule import message_key, message_tag
+from pipe.core.wire import MindSporeWire
+from pipe.schedules import EVERY
 
-__all__ = ["StepGraph", "check_supported", "updates_in_graph"]
+__all__ = ["StepGraph", "check_supported", "updates_in_graph", "encode"]
 
-F, B, W, SEND, RECV = range(5)
-CODES = {"F": F, "B": B, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
+F, B, I, W, SEND, RECV = range(6)
+CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
 
 
 def check_supported(config, buffers):
@@ -39,41 +42,56 @@ def check_supported(config, buffers):
                          "are restored on the host after each backward; turn one_graph off")
 
 
-def _slot(kind, mb, chunk, chunks):
-    """The key of a tensor in flight: F (an activation) or B (a gradient), by micro-batch
-    and chunk."""
-    return ((mb * chunks + chunk) * 2) + (kind == "B")
-
-
-def encode(schedule, stage, chunks):
+def encode(schedule, stage):
     """Each action of `stage`'s lowered list as constant integers, what the graph branches
     on while it is compiled: (code, micro-batch (EVERY: a W deferred to the flush), chunk,
-    takes, puts, index). `takes` is the slot an action reads (-1: the micro-batch's input,
-    or the loss gradient), `puts` the slot it writes (-1: none); `index` is a message's
-    place in the rank's messages, or for a computation 1 when it starts its chunk's
-    gradient sum."""
-    program, started, message = [], set(), 0
+    takes, puts, index). `takes` and `puts` are the tensors in flight an action reads and
+    writes, by their message key as an integer (its wire tag; -1: the micro-batch's input,
+    the loss gradient, or nothing); `index` is a message's place in the stage's messages,
+    or for a computation 1 when it starts its chunk's gradient sum (a B or a W)."""
+    program, started, message, V = [], set(), 0, schedule.virtual_stages
     for action in schedule.actions[stage]:
         code, mb, c = CODES[action.kind], action.mb, action.chunk
         if code in (SEND, RECV):
-            program.append((code, mb, c, _slot(action.kind[1], mb, c, chunks), -1, message))
+            program.append((code, mb, c, action.tag, -1, message))
             message += 1
             continue
         takes = puts = -1
-        if code != W:                             # F and B read a slot and write one
-            vs, kind = schedule.virtual_stage(stage, c), "B" if code == B else "F"
-            source, to = (vs - 1, vs + 1) if code == F else (vs + 1, vs - 1)
-            if 0 <= source < schedule.virtual_stages:
-                takes = _slot(kind, mb, c, chunks)
-            if 0 <= to < schedule.virtual_stages:   # for the next virtual stage: here, or a send
-                here = schedule.holds(stage, to)
-                puts = _slot(kind, mb, schedule.chunk_of(to) if here else c, chunks)
-        sums = code == W or (code == B and not schedule.split_backward)
-        first = sums and c not in started
+        if code != W:
+            vs = schedule.virtual_stage(stage, c)
+            kind, to = ("F", vs + 1) if code == F else ("B", vs - 1)
+            if (code == F and vs > 0) or (code != F and vs < V - 1):
+                takes = message_tag(message_key(schedule, stage, action), V)
+            if 0 <= to < V:          # for the next virtual stage: here, or a send
+                puts = message_tag((kind, mb, to), V)
+        sums = code in (B, W)
+        program.append((code, mb, c, takes, puts, int(sums and c not in started)))
         if sums:
             started.add(c)
-        program.append((code, mb, c, takes, puts, int(first)))
     return tuple(program)
+
+
+def graph_op(p2p, action):
+    """The operator that carries a send or receive `action` inside a compiled graph: on GPU
+    and Ascend MindSpore's own (a Receive's optional input, a token, orders it); on CPU, which
+    has no Send kernel, mpi4py called from a pyfunc operator, returning a token."""
+    wire, peer = p2p.wire, p2p.ranks[action.peer]
+    shape, dtype = p2p.shapes[action.boundary]
+    if isinstance(wire, MindSporeWire):
+        if action.kind[0] == "s":
+            return ops.Send(action.tag, peer, group=wire.world)
+        return ops.Receive(action.tag, peer, list(shape), dtype, group=wire.world)
+    if action.kind[0] == "s":
+        def send(x):
+            wire.send_array(x, peer, action.tag)
+            return np.zeros((1,), np.float32)
+        return ops.Custom(send, out_shape=lambda x: (1,), out_dtype=lambda x: ms.float32,
+                          func_type="pyfunc")
+
+    def recv(token):
+        return wire.recv_array(shape, dtype, peer, action.tag)
+    return ops.Custom(recv, out_shape=lambda token: tuple(shape), out_dtype=lambda token: dtype,
+                      func_type="pyfunc")
 
 
 def _pick(tensors, positions):
@@ -109,7 +127,7 @@ def updates_in_graph(layout):
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     micro-batch first) -> (this rank's share of the step's loss
-    (allreduce.loss_share), the summed weight gradients of each of its chunks, a token set
+    (pipe.core.engine.loss_share), the summed weight gradients of each of its chunks, a token set
     once its work and messages are done). Given `update` (the optimizer over the chunks'
     parameters, in order), it steps too."""
 
@@ -126,11 +144,10 @@ class StepGraph(nn.Cell):
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
         self.scale, self.no_labels = chunks[0].grad_scale, chunks[0].no_labels
         self.last = tuple(c.is_last for c in chunks)
-        self.split = layout.schedule.split_backward
         self.count = len(chunks)
         actions = layout.schedule.actions[layout.stage]
-        self.messages = tuple(p2p.graph_op(a) for a in actions if not a.is_compute)
-        self.program = encode(layout.schedule, layout.stage, len(chunks))
+        self.messages = tuple(graph_op(p2p, a) for a in actions if not a.is_compute)
+        self.program = encode(layout.schedule, layout.stage)
         self.token = ms.Tensor(0.0, ms.float32)
         self.update = update
         self.micro_batches = layout.config.micro_batches
@@ -163,16 +180,17 @@ class StepGraph(nn.Cell):
                     starts[key] = out[1]
                 else:
                     flight[puts] = out
+            elif code == I:
+                dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
+                dx, stashed = self.input_grads[c](dy, *saved[key])
+                waiting[key] = _pick(saved[key], self.weight_inputs[c]) + stashed
+                done = ops.depend(ops.depend(done, stashed), dx)
+                if puts >= 0:
+                    flight[puts] = dx
             elif code == B:
                 dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
-                if self.split:
-                    dx, stashed = self.input_grads[c](dy, *saved[key])
-                    waiting[key] = _pick(saved[key], self.weight_inputs[c]) + stashed
-                    done = ops.depend(done, stashed)
-                else:
-                    dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *saved[key])
-                    done = ops.depend(done, grads[c])
-                done = ops.depend(done, dx)
+                dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *saved[key])
+                done = ops.depend(ops.depend(done, grads[c]), dx)
                 if puts >= 0:
                     flight[puts] = dx
             else:

@@ -19,14 +19,10 @@ import threading
 import time
 from contextlib import contextmanager
 
+from pipe.deadlines import PeerFailed, end_job, has_deadlines
 from pipe.simulator import format_position
 
-__all__ = ["PipelineError", "PeerFailed", "Watch", "Watchdog", "end_job_on_uncaught"]
-
-
-class PeerFailed(RuntimeError):
-    """Another rank failed, and this one stops rather than wait for it: that rank's error
-    says why (this one's message is one line pointing there)."""
+__all__ = ["PipelineError", "Watch", "Watchdog", "end_job_on_uncaught", "first_line"]
 
 
 def first_line(error):
@@ -52,7 +48,7 @@ def end_job_on_uncaught(wire):
         else:
             previous(kind, error, trace)
         sys.stdout.flush()               # (a GPU wire's abort ends the process at once)
-        wire.abort(1, first_line(error))
+        end_job(wire, 1, first_line(error))
     hook.previous = previous
     sys.excepthook = hook
 
@@ -66,7 +62,7 @@ class PipelineError(RuntimeError):
         self.wire = wire
 
     def abort(self, code=1):
-        self.wire.abort(code, first_line(self))
+        end_job(self.wire, code, first_line(self))
 
 
 class Watch:
@@ -76,7 +72,7 @@ class Watch:
     def __init__(self, wire, stage, replica, timeout):
         self.wire, self.stage = wire, stage
         self.head = f"rank {wire.rank} (stage {stage}, replica {replica})"
-        self.watchdog = None if wire.has_deadlines else Watchdog(timeout, self.describe)
+        self.watchdog = None if has_deadlines(wire) else Watchdog(timeout, self.describe)
 
     def begin(self, schedule):
         if self.watchdog:

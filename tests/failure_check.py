@@ -15,7 +15,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.comm import connect
+from pipe.deadlines import connect
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from user_layers import Attending, HiddenDropout, NoBackward, TiedHead

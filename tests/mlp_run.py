@@ -12,7 +12,7 @@ import numpy as np
 from mindspore import nn
 
 from pipe.builders import LayerBuilders
-from pipe.comm import MpiWire
+from pipe.deadlines import DeadlineWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 
@@ -89,7 +89,7 @@ def pipe_run(spec, communicator):
     model = (layer_builders() if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else build_model(spec["seed"]))
     engine = PipelineEngine(model, LOSS, optimizer(spec["optimizer"]), config,
-                            MpiWire(120.0, communicator), sample=sample)
+                            DeadlineWire(120.0, communicator), sample=sample)
     held = model_parameters_held() - before
     losses = [engine.train_step(x, y) for x, y in data]
     engine.save(spec["save"], STEPS)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "examples", "mnist"))
 import mlp_run  # noqa: E402
 import train  # noqa: E402
-from pipe.comm import MpiWire  # noqa: E402
+from pipe.deadlines import DeadlineWire  # noqa: E402
 
 
 def waves(configs, world):
@@ -49,7 +49,7 @@ def run(flags, communicator):
         save = flags["save"]
     else:
         args = train.parse_args(flags)
-        result, save = train.train(args, MpiWire(120.0, communicator)), args.save
+        result, save = train.train(args, DeadlineWire(120.0, communicator)), args.save
         engine = result.pop("engine")
     result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in engine.layout.buffers}
     if save:

@@ -3,7 +3,7 @@ import mindspore as ms
 import numpy as np
 
 from pipe.allreduce import clip_by_global_norm
-from pipe.comm import SoloWire
+from pipe.core.wire import SoloWire
 
 
 def test_clipping_counts_only_the_gradients_this_rank_owns():

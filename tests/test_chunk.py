@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from pipe.chunk import Chunk, residual_indices
+from pipe.chunk import Chunk, RecomputedChunk
 from pipe.dropout import MaskDraw
+from pipe.handshake import probe
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -58,21 +59,21 @@ def mlp():
     return [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.Tanh(), nn.Dense(8, 3)]
 
 
-@pytest.mark.parametrize("mode", ["whole", "split B + W", "recompute"])
+@pytest.mark.parametrize("mode", ["whole", "split I + W", "recompute"])
 def test_per_layer_backward_equals_differentiating_the_slice(mode):
     layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
-    stage = Chunk(layers, is_first=False, recompute=mode == "recompute")
-    dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
+    stage = (RecomputedChunk if mode == "recompute" else Chunk)(layers, is_first=False)
+    dx, grads = one_step(stage, x, dy, split=mode == "split I + W")
     assert_same_backward(dx, grads, layers, x, dy)
 
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute):
-    """W* (pipe.schedule.with_deferred_wgrad): two micro-batches' B, then one W over both:
+    """W* (pipe.schedules.with_deferred_wgrad): two micro-batches' I, then one W over both:
     the weight gradients autograd gives for their rows stacked, and what waits for W is
     only each weighted layer's input and output gradient (3 Dense: 6 tensors)."""
     layers, x, dy = mlp(), tensor(8, 6), tensor(8, 3)
-    stage = Chunk(layers, is_first=False, recompute=recompute)
+    stage = (RecomputedChunk if recompute else Chunk)(layers, is_first=False)
     stage.zero_grads()
     for mb in (0, 1):
         stage.forward(mb, x[4 * mb:4 * mb + 4])
@@ -88,23 +89,24 @@ RELUS = {"between Dense layers": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.
 
 
 @pytest.mark.parametrize("where", RELUS)
-@pytest.mark.parametrize("mode", ["whole", "split B + W"])
+@pytest.mark.parametrize("mode", ["whole", "split I + W"])
 def test_relu_backward_from_its_output(where, mode):
     """A ReLU keeps no tensor of its own when the next layer keeps its output as input."""
     layers, x = RELUS[where], tensor(4, 6)
     stage = Chunk(layers, is_first=False)
     dy = tensor(*stage.infer(x).shape)
-    dx, grads = one_step(stage, x, dy, split=mode == "split B + W")
+    dx, grads = one_step(stage, x, dy, split=mode == "split I + W")
     assert_same_backward(dx, grads, layers, x, dy)
 
 
 def test_a_dense_relu_pair_keeps_one_tensor():
     layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)]
-    assert residual_indices(layers) == ((0, 1, 1, 2, 2), 3)
-    assert residual_indices([nn.Dense(6, 8), nn.ReLU()]) == ((0, 1), 2)            # last: its own
-    assert residual_indices([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]) == ((0, 1, 2), 3)
+    assert Chunk(layers).residual_of == [0, 1, 1, 2, 2]
+    assert Chunk([nn.Dense(6, 8), nn.ReLU()]).residual_of == [0, 1]              # last: its own
+    assert Chunk([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]).residual_of == [0, 1, 2]
     stage = Chunk(layers, is_first=False)
     stage.forward(0, tensor(4, 6))
+    assert len(stage.residuals[0][0]) == 3
     assert stage.peak_bytes == 4 * (4 * 6 + 4 * 8 + 4 * 8)      # inputs of the 3 Dense layers
 
 
@@ -129,7 +131,8 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     stage = Chunk([first, dropout, last], is_first=False)
     x, dy = tensor(1, 8), tensor(1, 4)
     stage.zero_grads()
-    stage.forward(0, x, draw=MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1))
+    stage.draws = [MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1)]
+    stage.forward(0, x)
     mask = stage.residuals[0][0][1]                     # what the forward drew
     assert 0 < mask.asnumpy().sum() < 64
     dx = stage.backward(0, dy)
@@ -162,7 +165,7 @@ def test_batch_norm_statistics_move_once_per_forward_only():
     twin = nn.BatchNorm1d(5)                        # the same layer, run once by hand
     twin.set_train(True)
     x, dy = tensor(4, 6), tensor(4, 3)
-    stage.probe(x, None)
+    probe(stage, x, None)
     assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), [np.zeros(5), np.ones(5)]))
     stage.zero_grads()
     stage.forward(0, x)

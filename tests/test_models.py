@@ -14,7 +14,7 @@ from mindspore import nn, ops
 
 from launch import load, results
 from pipe.chunk import Chunk
-from pipe.comm import MpiWire
+from pipe.deadlines import DeadlineWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from pipe.handshake import check_input
@@ -141,7 +141,7 @@ def test_half_precision_compute_is_not_a_dtype_mismatch():
 
 
 def test_bfloat16_is_refused_by_the_cpu_wire_up_front():
-    carried = MpiWire(5.0).dtypes
+    carried = DeadlineWire(5.0).dtypes
     assert check_input(((2, 4), ms.bfloat16), carried) == ("wire", 2)
     assert check_input(((2, 4), ms.float32), carried) is None
     assert check_input(((2, 4), ms.bfloat16), None) is None      # the input batch: not carried

@@ -1,160 +1,163 @@
-"""Schedules as data: literal step x rank tables, and the invariants every schedule keeps."""
+"""Schedules as data: literal step x stage tables, and the invariants every schedule keeps."""
+from dataclasses import replace
+
 import pytest
 
-from pipe.schedule import (CHUNKS, EVERY, SCHEDULES, action_costs, lower, make_schedule, message_key,
-                           peak_in_flight)
+from pipe.core.schedule import lower, message_key
+from pipe.schedules import (CHUNKS, EVERY, SCHEDULES, action_costs, defers_wgrad, make_schedule,
+                            peak_in_flight, splits_backward)
 from pipe.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
-step rank0 rank1 rank2 rank3
-0    F0    .     .     .
-1    F1    F0    .     .
-2    F2    F1    F0    .
-3    F3    F2    F1    F0
-4    F4    F3    F2    F1
-5    F5    F4    F3    F2
-6    F6    F5    F4    F3
-7    F7    F6    F5    F4
-8    .     F7    F6    F5
-9    .     .     F7    F6
-10   .     .     .     F7
-11   .     .     .     B0
-12   .     .     B0    B1
-13   .     B0    B1    B2
-14   B0    B1    B2    B3
-15   B1    B2    B3    B4
-16   B2    B3    B4    B5
-17   B3    B4    B5    B6
-18   B4    B5    B6    B7
-19   B5    B6    B7    .
-20   B6    B7    .     .
-21   B7    .     .     ."""
+step stage0 stage1 stage2 stage3
+0    F0     .      .      .
+1    F1     F0     .      .
+2    F2     F1     F0     .
+3    F3     F2     F1     F0
+4    F4     F3     F2     F1
+5    F5     F4     F3     F2
+6    F6     F5     F4     F3
+7    F7     F6     F5     F4
+8    .      F7     F6     F5
+9    .      .      F7     F6
+10   .      .      .      F7
+11   .      .      .      B0
+12   .      .      B0     B1
+13   .      B0     B1     B2
+14   B0     B1     B2     B3
+15   B1     B2     B3     B4
+16   B2     B3     B4     B5
+17   B3     B4     B5     B6
+18   B4     B5     B6     B7
+19   B5     B6     B7     .
+20   B6     B7     .      .
+21   B7     .      .      ."""
 
 ONE_F_ONE_B_4x8 = """\
-step rank0 rank1 rank2 rank3
-0    F0    .     .     .
-1    F1    F0    .     .
-2    F2    F1    F0    .
-3    F3    F2    F1    F0
-4    .     .     .     B0
-5    .     .     B0    F1
-6    .     B0    F2    B1
-7    B0    F3    B1    F2
-8    F4    B1    F3    B2
-9    B1    F4    B2    F3
-10   F5    B2    F4    B3
-11   B2    F5    B3    F4
-12   F6    B3    F5    B4
-13   B3    F6    B4    F5
-14   F7    B4    F6    B5
-15   B4    F7    B5    F6
-16   .     B5    F7    B6
-17   B5    .     B6    F7
-18   .     B6    .     B7
-19   B6    .     B7    .
-20   .     B7    .     .
-21   B7    .     .     ."""
+step stage0 stage1 stage2 stage3
+0    F0     .      .      .
+1    F1     F0     .      .
+2    F2     F1     F0     .
+3    F3     F2     F1     F0
+4    .      .      .      B0
+5    .      .      B0     F1
+6    .      B0     F2     B1
+7    B0     F3     B1     F2
+8    F4     B1     F3     B2
+9    B1     F4     B2     F3
+10   F5     B2     F4     B3
+11   B2     F5     B3     F4
+12   F6     B3     F5     B4
+13   B3     F6     B4     F5
+14   F7     B4     F6     B5
+15   B4     F7     B5     F6
+16   .      B5     F7     B6
+17   B5     .      B6     F7
+18   .      B6     .      B7
+19   B6     .      B7     .
+20   .      B7     .      .
+21   B7     .      .      ."""
 
 
 INTERLEAVED_2x4_V2 = """\
-step rank0 rank1
-0    F0    .
-1    F1    F0
-2    F0:1  F1
-3    F1:1  F0:1
-4    F2    B0:1
-5    B0:1  F1:1
-6    F3    B1:1
-7    B1:1  F2
-8    F2:1  B0
-9    B0    F3
-10   F3:1  B1
-11   B1    F2:1
-12   .     B2:1
-13   B2:1  F3:1
-14   .     B3:1
-15   B3:1  B2
-16   B2    B3
-17   B3    ."""
+step stage0 stage1
+0    F0     .
+1    F1     F0
+2    F0:1   F1
+3    F1:1   F0:1
+4    F2     B0:1
+5    B0:1   F1:1
+6    F3     B1:1
+7    B1:1   F2
+8    F2:1   B0
+9    B0     F3
+10   F3:1   B1
+11   B1     F2:1
+12   .      B2:1
+13   B2:1   F3:1
+14   .      B3:1
+15   B3:1   B2
+16   B2     B3
+17   B3     ."""
 
 ZB_H1_3x6 = """\
-step rank0 rank1 rank2
-0    F0    .     .
-1    F1    F0    .
-2    F2    F1    F0
-3    .     .     B0
-4    .     B0    F1
-5    B0    F2    B1
-6    W0    B1    F2
-7    F3    W0    B2
-8    B1    F3    W0
-9    W1    B2    F3
-10   F4    W1    B3
-11   B2    F4    W1
-12   W2    B3    F4
-13   F5    W2    B4
-14   B3    F5    W2
-15   W3    B4    F5
-16   B4    W3    B5
-17   W4    B5    W3
-18   B5    W4    W4
-19   W5    W5    W5"""
+step stage0 stage1 stage2
+0    F0     .      .
+1    F1     F0     .
+2    F2     F1     F0
+3    .      .      I0
+4    .      I0     F1
+5    I0     F2     I1
+6    W0     I1     F2
+7    F3     W0     I2
+8    I1     F3     W0
+9    W1     I2     F3
+10   F4     W1     I3
+11   I2     F4     W1
+12   W2     I3     F4
+13   F5     W2     I4
+14   I3     F5     W2
+15   W3     I4     F5
+16   I4     W3     I5
+17   W4     I5     W3
+18   I5     W4     W4
+19   W5     W5     W5"""
 
 ZB_V_2x4 = """\
-step rank0 rank1
-0    F0    .
-1    F1    F0
-2    F2    F0:1
-3    F0:1  F1
-4    B0:1  F1:1
-5    W0:1  B0:1
-6    F1:1  W0:1
-7    B1:1  F2
-8    W1:1  B0
-9    F3    W0
-10   B0    F2:1
-11   W0    B1:1
-12   F2:1  W1:1
-13   B2:1  F3
-14   W2:1  B1
-15   B1    W1
-16   W1    F3:1
-17   F3:1  B2:1
-18   B3:1  W2:1
-19   W3:1  B2
-20   B2    B3:1
-21   W2    B3
-22   B3    W2
-23   W3    W3:1
-24   .     W3"""
+step stage0 stage1
+0    F0     .
+1    F1     F0
+2    F2     F0:1
+3    F0:1   F1
+4    I0:1   F1:1
+5    W0:1   I0:1
+6    F1:1   W0:1
+7    I1:1   F2
+8    W1:1   I0
+9    F3     W0
+10   I0     F2:1
+11   W0     I1:1
+12   F2:1   W1:1
+13   I2:1   F3
+14   W2:1   I1
+15   I1     W1
+16   W1     F3:1
+17   F3:1   I2:1
+18   I3:1   W2:1
+19   W3:1   I2
+20   I2     I3:1
+21   W2     I3
+22   I3     W2
+23   W3     W3:1
+24   .      W3"""
 
 DUALPIPE_V_2x4 = """\
-step rank0 rank1
-0    F0    .
-1    F1    F0
-2    F2    F0:1
-3    F0:1  F1
-4    B0:1  F1:1
-5    W0:1  F2
-6    F1:1  B0:1
-7    F3    W0:1
-8    B1:1  F2:1
-9    W1:1  B0
-10   F2:1  W0
-11   B0    F3
-12   W0    B1:1
-13   B2:1  W1:1
-14   W2:1  F3:1
-15   F3:1  B1
-16   B1    W1
-17   W1    B2:1
-18   B3:1  W2:1
-19   W3:1  B2
-20   B2    W2
-21   W2    B3:1
-22   .     B3
-23   B3    W3:1
-24   W3    W3"""
+step stage0 stage1
+0    F0     .
+1    F1     F0
+2    F2     F0:1
+3    F0:1   F1
+4    I0:1   F1:1
+5    W0:1   F2
+6    F1:1   I0:1
+7    F3     W0:1
+8    I1:1   F2:1
+9    W1:1   I0
+10   F2:1   W0
+11   I0     F3
+12   W0     I1:1
+13   I2:1   W1:1
+14   W2:1   F3:1
+15   F3:1   I1
+16   I1     W1
+17   W1     I2:1
+18   I3:1   W2:1
+19   W3:1   I2
+20   I2     W2
+21   W2     I3:1
+22   .      I3
+23   I3     W3:1
+24   W3     W3"""
 
 
 def test_gpipe_table():
@@ -180,7 +183,7 @@ def test_zb_v_table():
     assert format_table(lower(make_schedule("zb-v", 2, 4, 2))) == ZB_V_2x4
 
 
-def test_a_v_holds_both_middle_virtual_stages_on_its_last_rank():
+def test_a_v_holds_both_middle_virtual_stages_on_its_last_stage():
     """ZB-V on 2 ranks: rank 0 holds virtual stages 0 and 3, rank 1 the middle two, which
     hand over on the rank; a virtual stage past either end is held by none."""
     zbv = make_schedule("zb-v", 2, 4, 2)
@@ -192,23 +195,23 @@ def test_dualpipe_v_table():
     assert format_table(lower(make_schedule("dualpipe-v", 2, 4, 2))) == DUALPIPE_V_2x4
 
 
-def test_dualpipe_v_phases_on_rank_0():
+def test_dualpipe_v_phases_on_stage_0():
     """DeepSeek's eight phases for P=3, M=6, rank 0: nF0, nF0F1, nB1W1F1, the main phase
     (F0 with B1 W1, F1 with B0 W0), nB1F1B0, nB1B0 (W waiting from the middle pair on),
     nWB0, nW."""
     order = " ".join(str(a) for a in make_schedule("dualpipe-v", 3, 6, 2).actions[0])
-    assert order == ("F0 F1 F2 F3 " "F4 F0:1 " "B0:1 W0:1 F1:1 B1:1 W1:1 F2:1 "
-                     "F5 B2:1 W2:1 F3:1 B0 W0 " "B3:1 W3:1 F4:1 B1 W1 B4:1 W4:1 F5:1 B2 W2 "
-                     "B5:1 W5:1 B3 " "W3 B4 W4 B5 " "W5")
+    assert order == ("F0 F1 F2 F3 " "F4 F0:1 " "I0:1 W0:1 F1:1 I1:1 W1:1 F2:1 "
+                     "F5 I2:1 W2:1 F3:1 I0 W0 " "I3:1 W3:1 F4:1 I1 W1 I4:1 W4:1 F5:1 I2 W2 "
+                     "I5:1 W5:1 I3 " "W3 I4 W4 I5 " "W5")
 
 
 def test_v_shape_places_chunk_1_on_the_way_back():
     schedule = make_schedule("zb-v", 3, 6, 2)
     assert [[schedule.virtual_stage(r, c) for c in (0, 1)] for r in range(3)] == [[0, 5], [1, 4], [2, 3]]
-    assert [schedule.rank_of(vs) for vs in range(6)] == [0, 1, 2, 2, 1, 0]
+    assert [schedule.stage_of(vs) for vs in range(6)] == [0, 1, 2, 2, 1, 0]
 
 
-def test_1f1b_phases_on_first_rank():
+def test_1f1b_phases_on_first_stage():
     """Warm-up P-1 forwards, steady alternation, cool-down backwards."""
     order = " ".join(str(a) for a in SCHEDULES["1f1b"](4, 8).actions[0])
     assert order == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"
@@ -255,10 +258,10 @@ def test_schedule_invariants(name, stages, micro_batches):
             build(name, stages, micro_batches)
         return
     schedule = build(name, stages, micro_batches)
-    kinds = "FBW" if schedule.split_backward else "FB"
+    kinds = "FIW" if splits_backward(schedule) else "FB"
     for rank, actions in enumerate(schedule.actions):
         compute = [(a.kind, a.mb, a.chunk) for a in actions if a.is_compute]
-        # every micro-batch's F and B (and W) exactly once per model chunk, in that order
+        # every micro-batch's F and B (or I and W) exactly once per model chunk, in that order
         expected = [(k, m, c) for k in kinds for m in range(micro_batches) for c in range(schedule.chunks)]
         assert sorted(compute) == sorted(expected)
         for m in range(micro_batches):
@@ -278,27 +281,27 @@ def test_schedule_invariants(name, stages, micro_batches):
             assert peak == 2 * stages + 1
     sends, recvs = message_pairs(schedule)
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
-    crossings = schedule.virtual_stages - 1 - schedule.v_shape   # ZB-V's turn is on one rank
+    crossings = schedule.virtual_stages - 1 - (schedule.chunks == 2 and name != "interleaved-1f1b")   # a V turns on one stage
     assert len(sends) == 2 * crossings * micro_batches
     simulate(schedule)                      # blocking semantics: raises if it could hang
 
 
 ONE_F_ONE_B_2x4_DEFERRED_WGRAD = """\
-step rank0 rank1
-0    F0    .
-1    F1    F0
-2    .     B0
-3    B0    F1
-4    F2    B1
-5    B1    F2
-6    F3    B2
-7    B2    F3
-8    .     B3
-9    B3    W*
-10   W*    W*
-11   W*    W*
-12   W*    W*
-13   W*    ."""
+step stage0 stage1
+0    F0     .
+1    F1     F0
+2    .      I0
+3    I0     F1
+4    F2     I1
+5    I1     F2
+6    F3     I2
+7    I2     F3
+8    .      I3
+9    I3     W*
+10   W*     W*
+11   W*     W*
+12   W*     W*
+13   W*     ."""
 
 
 def test_deferred_wgrad_table():
@@ -317,10 +320,11 @@ def test_deferred_wgrad_keeps_f_and_b_and_ends_each_chunk_with_one_w(name, stage
         return
     plain = build(name, stages, micro_batches)
     schedule = lower(make_schedule(name, stages, micro_batches, plain.chunks, defer_wgrad=True))
-    assert schedule.split_backward and schedule.defer_wgrad
+    assert splits_backward(schedule) and defers_wgrad(schedule)
     for rank in range(stages):
         actions = compute(schedule, rank)
-        assert [a for a in actions if a.kind != "W"] == [a for a in compute(plain, rank) if a.kind != "W"]
+        assert [a for a in actions if a.kind != "W"] == [replace(a, kind="I") if a.kind == "B" else a
+                                                         for a in compute(plain, rank) if a.kind != "W"]
         flush = actions[-plain.chunks:]
         assert [a.kind for a in flush] == ["W"] * plain.chunks and all(a.mb == EVERY for a in flush)
         assert sorted(a.chunk for a in flush) == list(range(plain.chunks))
@@ -378,8 +382,8 @@ def test_zb_h1_bubble_is_the_papers(stages, micro_batches, costs):
 
 
 COMPARED = """\
-P=2 M=4, costs F=1 B=1 W=1
-schedule                  bubble  messages  peak memory per rank (micro-batches)
+P=2 M=4, costs F=1 I=1 W=1
+schedule                  bubble  messages  peak memory per stage (micro-batches)
 gpipe                     0.2000         8  4 4
 1f1b                      0.2000         8  2 1
 interleaved-1f1b (v=2)    0.1111        24  2.5 1.5
@@ -389,8 +393,8 @@ dualpipe-v                0.0400        16  2.5 2.5
 """
 
 COMPARED_DEFERRED_WGRAD = """\
-P=2 M=4, costs F=1 B=1 W=1, W* at the flush
-schedule                  bubble  messages  peak memory per rank (micro-batches)
+P=2 M=4, costs F=1 I=1 W=1, W* at the flush
+schedule                  bubble  messages  peak memory per stage (micro-batches)
 gpipe                     0.1429         8  4 4
 1f1b                      0.1429         8  4 4
 interleaved-1f1b (v=2)    0.0769        24  4 4
@@ -438,10 +442,10 @@ def test_cli_prints_table_bubble_and_messages(capsys):
     from pipe.__main__ import main
     main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "4"])
     out = capsys.readouterr().out
-    assert out.startswith("step rank0 rank1\n0    F0    .\n1    F1    F0\n2    .     B0\n")
+    assert out.startswith("step stage0 stage1\n0    F0     .\n1    F1     F0\n2    .      I0\n")
     assert "bubble: 0.0769" in out
-    assert "rank 0 sends: sF0->1 sF1->1 sF2->1 sF3->1" in out
-    assert "rank 1 receives: rF0<-0 rF1<-0 rF2<-0 rF3<-0" in out
+    assert "stage 0 sends: sF0->1 sF1->1 sF2->1 sF3->1" in out
+    assert "stage 1 receives: rF0<-0 rF1<-0 rF2<-0 rF3<-0" in out
 
 
 @pytest.mark.parametrize("argv,message", [

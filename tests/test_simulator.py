@@ -1,10 +1,11 @@
-"""The simulator replays blocking messages and names the ranks of a deadlock."""
+"""The simulator replays blocking messages and names the stages of a deadlock."""
 import json
 from dataclasses import replace
 
 import pytest
 
-from pipe.schedule import Action, Schedule, SCHEDULES, lower, make_schedule
+from pipe.core.schedule import Action, Schedule, lower
+from pipe.schedules import SCHEDULES, make_schedule
 from pipe.simulator import Deadlock, checked_schedule, measured_bubble, measured_costs, simulate
 
 
@@ -13,7 +14,7 @@ def test_receive_without_send_is_a_deadlock():
     with pytest.raises(Deadlock) as err:
         simulate(broken)
     assert err.value.waiting == {1: Action("rF", 0, peer=0)}
-    assert "rank 1 waits at step 0: rF0 (peer rank 0)" in str(err.value)
+    assert "stage 1 waits at step 0: rF0 (peer stage 0)" in str(err.value)
 
 
 def test_both_neighbours_sending_first_is_a_deadlock():
@@ -23,8 +24,8 @@ def test_both_neighbours_sending_first_is_a_deadlock():
     with pytest.raises(Deadlock) as err:
         simulate(Schedule("cycle", 2, 2, [rank0, rank1]))
     assert sorted(err.value.waiting) == [0, 1]
-    assert "rank 0 waits at step 1: sF1 (peer rank 1)" in str(err.value)
-    assert "rank 1 waits at step 1: sB0 (peer rank 0)" in str(err.value)
+    assert "stage 0 waits at step 1: sF1 (peer stage 1)" in str(err.value)
+    assert "stage 1 waits at step 1: sB0 (peer stage 0)" in str(err.value)
 
 
 def test_messages_out_of_order_are_refused():
@@ -59,13 +60,13 @@ def test_a_v_turn_computed_out_of_order_is_refused():
     swapped = [Action("F", 0, 1), Action("F", 0, 0)] + [a for a in good.actions[1]
                                                          if (a.kind, a.mb) != ("F", 0)]
     broken = replace(good, actions=[good.actions[0], swapped])
-    with pytest.raises(Deadlock, match=r"rank 1 runs F0:1 before the F of micro-batch 0 on "
-                                       r"virtual stage 1, on the same rank, whose output it needs"):
+    with pytest.raises(Deadlock, match=r"stage 1 runs F0:1 before the F of micro-batch 0 on "
+                                       r"virtual stage 1, on the same stage, whose output it needs"):
         simulate(lower(broken))
 
 
 def test_costs_set_the_clock():
-    """P=2, M=2, B twice as costly as F: rank 0 waits for each gradient from rank 1."""
+    """P=2, M=2, B twice as costly as F: stage 0 waits for each gradient from rank 1."""
     timeline = simulate(lower(SCHEDULES["1f1b"](2, 2)), costs={"F": 1, "B": 2})
     spans = [[(start, end, str(a)) for start, end, a in rank] for rank in timeline.spans]
     assert spans[0] == [(0, 1, "F0"), (1, 2, "F1"), (4, 6, "B0"), (7, 9, "B1")]
@@ -74,12 +75,12 @@ def test_costs_set_the_clock():
 
 
 def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
-    """Medians of F, B, W (messages are not compute); the bubble is the rank-time between
-    the first and the last compute that none ran: here 2 ranks x 11 ms, 12 ms of it busy."""
+    """Medians of F, I, W (messages are not compute); the bubble is the stage-time between
+    the first and the last compute that none ran: here 2 stages x 11 ms, 12 ms of it busy."""
     def span(name, rank, start, dur):
         return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
-    events = [span("F0", 0, 0, 2000), span("sF0", 0, 2000, 500), span("B0", 0, 8000, 2000),
-              span("F0", 1, 3000, 2000), span("B0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
+    events = [span("F0", 0, 0, 2000), span("sF0", 0, 2000, 500), span("I0", 0, 8000, 2000),
+              span("F0", 1, 3000, 2000), span("I0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
     assert measured_costs(trace) == (2.0, 2.0, 4.0)
@@ -91,11 +92,11 @@ def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
 
 def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
     """`W*` ran once for the 2 micro-batches it found forwarded: 6 ms is 3 ms of W each;
-    it is compute in the bubble too (2 ranks x 14 ms, 22 ms of it busy)."""
+    it is compute in the bubble too (2 stages x 14 ms, 22 ms of it busy)."""
     def span(name, rank, start, dur):
         return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
-    events = [span("F0", 0, 0, 2000), span("F1", 0, 2000, 2000), span("B0", 0, 6000, 1000),
-              span("B1", 0, 7000, 1000), span("W*", 0, 8000, 6000),
+    events = [span("F0", 0, 0, 2000), span("F1", 0, 2000, 2000), span("I0", 0, 6000, 1000),
+              span("I1", 0, 7000, 1000), span("W*", 0, 8000, 6000),
               span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))

@@ -5,32 +5,34 @@ from mindspore import nn
 
 from pipe.config import PipelineConfig
 from pipe.layout import build_layout
-from pipe.schedule import EVERY, lower, make_schedule
-from pipe.step_graph import B, F, RECV, SEND, W, encode
+from pipe.core.schedule import lower
+from pipe.schedules import EVERY, make_schedule
+from pipe.step_graph import B, F, I, RECV, SEND, W, encode
 
 
 def test_1f1b_two_stages_as_constants():
-    """(code, micro-batch, chunk, slot read, slot written, message index or 'first sum'):
-    a slot holds an activation (2 x mb) or a gradient (2 x mb + 1) in flight."""
+    """(code, micro-batch, chunk, tensor read, tensor written, message index or 'first
+    sum'): a tensor in flight is named by its message key, as an integer its wire tag:
+    (mb x V + virtual stage taking it) x 2, + 1 for a gradient."""
     schedule = lower(make_schedule("1f1b", 2, 2))
-    assert encode(schedule, 0, 1) == (
-        (F, 0, 0, -1, 0, 0), (SEND, 0, 0, 0, -1, 0),      # input -> F0 -> slot 0 -> rank 1
-        (F, 1, 0, -1, 2, 0), (SEND, 1, 0, 2, -1, 1),
-        (RECV, 0, 0, 1, -1, 2), (B, 0, 0, 1, -1, 1),      # its gradient into slot 1; B0 starts the sum
-        (RECV, 1, 0, 3, -1, 3), (B, 1, 0, 3, -1, 0))
-    assert encode(schedule, 1, 1) == (
-        (RECV, 0, 0, 0, -1, 0), (F, 0, 0, 0, -1, 0),      # the last stage: F0 ends in the loss
-        (B, 0, 0, -1, 1, 1), (RECV, 1, 0, 2, -1, 1),      # B0 from the loss gradient -> slot 1
-        (SEND, 0, 0, 1, -1, 2), (F, 1, 0, 2, -1, 0),
-        (B, 1, 0, -1, 3, 0), (SEND, 1, 0, 3, -1, 3))
+    assert encode(schedule, 0) == (
+        (F, 0, 0, -1, 2, 0), (SEND, 0, 0, 2, -1, 0),      # input -> F0 -> ("F", 0, 1) -> stage 1
+        (F, 1, 0, -1, 6, 0), (SEND, 1, 0, 6, -1, 1),
+        (RECV, 0, 0, 1, -1, 2), (B, 0, 0, 1, -1, 1),      # its gradient ("B", 0, 0); B0 starts the sum
+        (RECV, 1, 0, 5, -1, 3), (B, 1, 0, 5, -1, 0))
+    assert encode(schedule, 1) == (
+        (RECV, 0, 0, 2, -1, 0), (F, 0, 0, 2, -1, 0),      # the last stage: F0 ends in the loss
+        (B, 0, 0, -1, 1, 1), (RECV, 1, 0, 6, -1, 1),      # B0 from the loss gradient
+        (SEND, 0, 0, 1, -1, 2), (F, 1, 0, 6, -1, 0),
+        (B, 1, 0, -1, 5, 0), (SEND, 1, 0, 5, -1, 3))
 
 
-def test_the_turn_of_a_v_stays_on_its_rank():
-    """ZB-V, rank 1 holds virtual stages 1 and 2: F0 writes chunk 1's input slot (2) and
-    B0:1 chunk 0's gradient slot (1), no message between; W sums the weight gradients."""
-    program = encode(lower(make_schedule("zb-v", 2, 2, 2)), 1, 2)
-    assert program[1:3] == ((F, 0, 0, 0, 2, 0), (F, 0, 1, 2, 2, 0))
-    assert (B, 0, 1, 3, 1, 0) in program and (B, 0, 0, 1, 1, 0) in program
+def test_the_turn_of_a_v_stays_on_its_stage():
+    """ZB-V, stage 1 holds virtual stages 1 and 2: F0 writes chunk 1's input (4) and I0:1
+    chunk 0's gradient (3), no message between; W sums the weight gradients."""
+    program = encode(lower(make_schedule("zb-v", 2, 2, 2)), 1)
+    assert program[1:3] == ((F, 0, 0, 2, 4, 0), (F, 0, 1, 4, 6, 0))
+    assert (I, 0, 1, 5, 3, 0) in program and (I, 0, 0, 3, 1, 0) in program
     assert [e[5] for e in program if e[0] == W] == [1, 1, 0, 0]   # the first W of each chunk starts
 
 
@@ -54,11 +56,11 @@ def test_what_needs_the_host_between_actions_is_refused(layers, config, message)
 
 
 def test_a_deferred_w_starts_its_chunks_sum():
-    """With the weight gradients deferred, B only passes the gradient on; the one W* (all
+    """With the weight gradients deferred, I only passes the gradient on; the one W* (all
     micro-batches: EVERY) starts and ends the chunk's sum."""
-    program = encode(lower(make_schedule("1f1b", 1, 2, defer_wgrad=True)), 0, 1)
-    assert program == ((F, 0, 0, -1, -1, 0), (B, 0, 0, -1, -1, 0), (F, 1, 0, -1, -1, 0),
-                       (B, 1, 0, -1, -1, 0), (W, EVERY, 0, -1, -1, 1))
+    program = encode(lower(make_schedule("1f1b", 1, 2, defer_wgrad=True)), 0)
+    assert program == ((F, 0, 0, -1, -1, 0), (I, 0, 0, -1, -1, 0), (F, 1, 0, -1, -1, 0),
+                       (I, 1, 0, -1, -1, 0), (W, EVERY, 0, -1, -1, 1))
 
 
 @pytest.mark.parametrize("name,defer_wgrad", [("sgd", False), ("adam", False), ("sgd", True)])

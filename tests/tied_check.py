@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tied"))
 from model import batch, build_tied_model  # noqa: E402
-from pipe.comm import SoloWire  # noqa: E402
+from pipe.core.wire import SoloWire  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 

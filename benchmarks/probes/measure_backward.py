@@ -1,4 +1,4 @@
-"""Why a stage keeps every layer's input and differentiates layer by layer (pipe/chunk.py).
+"""Why a stage keeps every layer's input and differentiates layer by layer (pipe/core/chunk.py).
 
     python benchmarks/probes/measure_backward.py [--width 2048] [--batch 1024] [--layers 2]
 
@@ -23,7 +23,7 @@ from mindspore import nn, ops
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from pipe.cli import Parser  # noqa: E402
 from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
-from pipe.chunk import _Backward, _Forward  # noqa: E402  (the stage's own compiled graphs)
+from pipe.core.chunk import Chunk  # noqa: E402
 
 
 def best_ms(fn, repeat=5):
@@ -48,12 +48,13 @@ def main():
     net = nn.SequentialCell(layers)
     x = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
     dy = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
-    forward, backward, recompute = _Forward(layers), _Backward(layers, True), _LayerStep(net)
+    chunk = Chunk(layers, is_first=False)            # its own compiled forward and backward
+    forward, backward, recompute = chunk.forward_cell, chunk.backward_cell, _LayerStep(net)
     zeros = ms.mutable(tuple(ops.zeros(q.shape, q.dtype) for q in net.trainable_params()))
-    _, saved = forward(x, ms.Tensor(0), ms.Tensor(1.0))
+    _, saved = forward(x, chunk.no_labels, chunk.grad_scale, ())
     sync = lambda out: out[0].asnumpy()
     results = {
-        "forward": best_ms(lambda: sync(forward(x, ms.Tensor(0), ms.Tensor(1.0)))),
+        "forward": best_ms(lambda: sync(forward(x, chunk.no_labels, chunk.grad_scale, ()))),
         "backward, recompute": best_ms(lambda: sync(recompute(x, dy)[0])),
         "backward, per layer": best_ms(lambda: sync(backward(dy, zeros, *saved))),
         "PyNative vjp, F+B": best_ms(lambda: sync(ms.vjp(net, x)[1](dy))),

@@ -14,7 +14,7 @@ import sys
 
 from pipe.cli import Parser
 from pipe.config import as_flags
-from pipe.schedule import action_costs
+from pipe.schedules import action_costs
 from pipe.simulator import checked_schedule, measured_costs, simulate
 
 

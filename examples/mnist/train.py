@@ -27,7 +27,7 @@ from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
-from pipe.schedule import SCHEDULES  # noqa: E402
+from pipe.schedules import SCHEDULES  # noqa: E402
 
 
 def _positive(text):

@@ -10,8 +10,8 @@
 Everything else in pipe is a feature that reaches these through named seams:
 `Engine.build` (partitions, builders, more schedules), `Engine.connect_stages` (the shape
 check), `Engine.around` (watchdog, trace), `Engine.run_step` (one graph per step),
-`Engine.reduce` (tied weights, clipping), `Engine.handlers` (the W and I of split
-backwards); `Chunk.keeps`, `Chunk.layer_grad`, `Chunk.extras`, `Chunk.kept` and
+`Engine.update_weights` (tied weights, clipping), `Engine.mean_loss` (batch norm's
+statistics, NaN), `Engine.handlers` (the I and W of split backwards); `Chunk.keeps`, `Chunk.layer_grad`, `Chunk.extras`, `Chunk.kept` and
 `Chunk.restored` (dropout, ReLU, recompute); `MpiWire.wait` (deadlines).
 docs/reading.md walks through it.
 """

@@ -149,7 +149,7 @@ class Chunk:
         self.layers = leaves(layers)
         self.params = list({id(p): p for layer in self.layers
                             for p in layer.trainable_params()}.values())
-        self.is_last, self.loss_fn = loss_fn is not None, loss_fn
+        self.is_first, self.is_last, self.loss_fn = is_first, loss_fn is not None, loss_fn
         self.grad_scale = ms.Tensor(grad_scale, ms.float32)
         self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
         wrapped = [self.keeps(i) for i in range(len(self.layers))]

@@ -18,7 +18,7 @@ from pipe.core.place import Topology, split
 from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
 from pipe.core.wire import HEADER, PointToPoint, connect, read_header, write_header
 
-__all__ = ["Engine", "CompiledUpdate", "sum_over"]
+__all__ = ["Engine", "CompiledUpdate", "sum_over", "loss_share"]
 
 
 class CompiledUpdate(nn.Cell):
@@ -39,6 +39,12 @@ def sum_over(wire, grads, ranks):
         return tuple(grads)
     flat = wire.all_reduce(ops.cat([g.reshape(-1) for g in grads]), ranks)
     return tuple(p.reshape(g.shape) for g, p in zip(grads, ops.split(flat, [g.size for g in grads])))
+
+
+def loss_share(losses, micro_batches):
+    """A rank's share of the step's mean loss: its micro-batches' losses (on the last
+    stage) / M, as a 1-element tensor (0 on other stages)."""
+    return (ops.stack(losses or [ops.zeros((), ms.float32)]).sum() / micro_batches).reshape(1)
 
 
 class Engine:
@@ -82,10 +88,8 @@ class Engine:
         # Each micro-batch's backward starts from d loss / d logits x 1/(M x D), the chunks
         # sum M micro-batches, the all-reduce D replicas: the mean over the whole batch.
         share = self.run_step(batch)
-        grads = self.reduce(tuple(g for chunk in self.chunks for g in chunk.grads))
-        self.update(ms.mutable(grads))
-        world = tuple(range(self.topo.world_size))
-        return float(self.wire.all_reduce(share, world).asnumpy()[0]) / self.config.data_parallel
+        self.update_weights()
+        return self.mean_loss(share)
 
     def micro_batches(self, inputs, labels):
         return split(self.config, inputs, labels, self.replica)
@@ -93,12 +97,17 @@ class Engine:
     def run_step(self, batch):
         """This rank's actions; returns its share of the step's loss (0 off the last stage)."""
         self.execute(self.schedule, batch, self.handlers)
-        losses = batch.outputs or [ops.zeros((), ms.float32)]
-        return (ops.stack(losses).sum() / self.config.micro_batches).reshape(1)
+        return loss_share(batch.outputs, self.config.micro_batches)
 
-    def reduce(self, grads):
-        """Sum each gradient over the replicas of this stage."""
-        return sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))
+    def update_weights(self):
+        """Sum each gradient over the replicas of this stage, then step the optimizer."""
+        grads = tuple(g for chunk in self.chunks for g in chunk.grads)
+        self.update(ms.mutable(sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))))
+
+    def mean_loss(self, share):
+        """The step's mean loss on every rank: the shares summed, the replicas averaged."""
+        world = tuple(range(self.topo.world_size))
+        return float(self.wire.all_reduce(share, world).asnumpy()[0]) / self.config.data_parallel
 
     def execute(self, schedule, batch, handlers):
         """Run this stage's actions in order. This loop is the whole runtime."""

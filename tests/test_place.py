@@ -1,26 +1,29 @@
-"""pipe.microbatch: which rows of the global batch each replica's micro-batches get."""
+"""pipe.core.place: which rows of the global batch each replica's micro-batches get (and
+pipe.dropout.draws: which masks they draw; pipe.predict: how predict cuts its batch)."""
 import numpy as np
 import pytest
 
 from pipe.config import PipelineConfig
-from pipe.microbatch import split, split_for_predict
+from pipe.core.place import split
+from pipe.dropout import draws
+from pipe.predict import split_for_predict
 
 
 def test_replica_r_takes_its_contiguous_rows_in_m_pieces():
     config = PipelineConfig(data_parallel=2, micro_batches=3, batch_size=12, seed=5)
     inputs, labels = np.arange(24, dtype=np.float32).reshape(12, 2), np.arange(12, dtype=np.int32)
-    batch = split(config, inputs, labels, replica=1, step=4)
+    batch = split(config, inputs, labels, replica=1)
     assert [b.asnumpy().tolist() for b in batch.labels] == [[6, 7], [8, 9], [10, 11]]
     assert batch.inputs[2].asnumpy().tolist() == [[20, 21], [22, 23]]
-    assert [d.rows for d in batch.draws] == [slice(6, 8), slice(8, 10), slice(10, 12)]
-    assert {(d.seed, d.step, d.batch_size) for d in batch.draws} == {(5, 4, 12)}
+    assert [d.rows for d in draws(config, batch, 4)] == [slice(6, 8), slice(8, 10), slice(10, 12)]
+    assert {(d.seed, d.step, d.batch_size) for d in draws(config, batch, 4)} == {(5, 4, 12)}
 
 
 def test_a_batch_of_another_size_is_refused_naming_the_config_field():
     config = PipelineConfig(micro_batches=2, batch_size=8)
     with pytest.raises(ValueError, match=r"^train_step got 6 inputs and 6 labels; "
                                          r"batch_size=8 is configured$"):
-        split(config, np.zeros((6, 2)), np.zeros(6), replica=0, step=1)
+        split(config, np.zeros((6, 2)), np.zeros(6), replica=0)
 
 
 def test_predict_cuts_the_whole_batch_and_refuses_a_remainder():

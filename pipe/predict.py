@@ -1,0 +1,70 @@
+"""Forward-only pipelining: the model's outputs on a batch, every micro-batch through each
+chunk in turn with the layers in eval mode (no dropout, batch norm from its statistics)."""
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from pipe.core.place import MicroBatches
+from pipe.core.schedule import Action, lower
+from pipe.core.wire import PointToPoint
+
+__all__ = ["Infer", "forward_only", "split_for_predict", "predict"]
+
+
+class Infer(nn.Cell):
+    """x -> the chunk's output, keeping nothing."""
+
+    def __init__(self, layers):
+        super().__init__(auto_prefix=False)
+        self.layers = nn.CellList(layers)
+
+    @ms.jit
+    def construct(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def forward_only(schedule):
+    """`schedule`'s placement, lowered, with only forwards: GPipe's first half."""
+    F = [Action("F", m, c) for c in range(schedule.chunks) for m in range(schedule.micro_batches)]
+    return lower(type(schedule)("forward-only", schedule.stages, schedule.micro_batches,
+                                [list(F) for _ in range(schedule.stages)], schedule.chunks))
+
+
+def split_for_predict(config, inputs):
+    """The whole of `inputs` in M micro-batches, on every replica; labels unused."""
+    M = config.micro_batches
+    if len(inputs) % M:
+        raise ValueError(f"predict got {len(inputs)} inputs, not divisible into micro_batches="
+                         f"{M}: pass a multiple of {M}")
+    size = len(inputs) // M
+    return MicroBatches((inputs, np.zeros(len(inputs), np.int32)),
+                        [slice(m * size, (m + 1) * size) for m in range(M)])
+
+
+def predict(engine, inputs, broadcast):
+    """The model's outputs on `inputs` as numpy: on every rank, or (`broadcast` off) only on
+    the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast."""
+    batch = split_for_predict(engine.config, inputs)
+    trained = engine.p2p
+    p2p = trained or engine.connect_stages(batch, training=False)   # (eval mode, no loss)
+    rows = len(batch.inputs[0])
+    engine.p2p = PointToPoint(p2p.wire, p2p.ranks, {b: ((rows,) + shape[1:], dtype)
+                                                    for b, (shape, dtype) in p2p.shapes.items()})
+
+    def infer(action, batch):
+        engine.hand_on(action, engine.chunks[action.chunk].infer(engine.take(action, batch)), batch)
+
+    try:
+        engine.execute(engine.layout.forward_only, batch, {**engine.handlers, "F": infer})
+    finally:
+        engine.p2p = trained             # (None before the first step: it agrees on its own)
+    engine.watch.end(engine.layout.forward_only)
+    last = engine.chunks[-1].is_last
+    out = ops.cat(batch.outputs) if last else None
+    if not broadcast:
+        return out.asnumpy() if last else None
+    shape, dtype = engine.output_spec
+    out = out if last else ops.zeros((len(inputs),) + shape[1:], dtype)
+    return engine.all_reduce("the broadcast of the outputs", out, p2p.ranks).asnumpy()

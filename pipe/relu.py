@@ -1,0 +1,44 @@
+"""ReLU keeps its output, not its input: a Dense + ReLU pair holds one tensor, as in autograd.
+
+ReLU's gradient needs only its output: it passes dy where the output is > 0. As relu(y) = y
+there, the layer's own backward run at its output gives exactly the gradient at its input.
+That output is the next layer's input, kept anyway, so the ReLU keeps nothing of its own
+unless it is the chunk's last layer or a dropout (which keeps its mask) follows.
+"""
+from mindspore import nn
+
+__all__ = ["ReluKeepsOutput"]
+
+
+class KeepOutput(nn.Cell):
+    """ReLU: (x, extras) -> (y, (y,))."""
+    keeps = 1
+
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, extras):
+        y = self.layer(x)
+        return y, (y,)
+
+
+class SharesOutput(KeepOutput):
+    """ReLU before a layer that keeps its input: (x, extras) -> (y, ()); its backward reads
+    the next layer's residual, y."""
+    keeps = 0
+
+    def construct(self, x, extras):
+        return self.layer(x), ()
+
+
+class ReluKeepsOutput:
+    """Chunk feature: an nn.ReLU keeps its output (core's residual indices then point its
+    backward at the next layer's input when it shares it)."""
+
+    def keeps(self, i):
+        if type(self.layers[i]) is not nn.ReLU:
+            return super().keeps(i)
+        following = self.layers[i + 1] if i + 1 < len(self.layers) else None
+        keeps_input = following is not None and type(following) is not nn.Dropout
+        return SharesOutput(self.layers[i]) if keeps_input else KeepOutput(self.layers[i])

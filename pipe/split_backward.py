@@ -1,0 +1,93 @@
+"""The backward in two pieces: I, the input gradient the previous stage waits for, and W,
+the weight gradients nobody waits for (zero-bubble schedules, deferred W).
+
+I runs each layer's backward for dx only (the compiler drops dW) and stashes each weighted
+layer's output gradient; W computes dW = dY^T X from that stash and the layer's kept input,
+with no input gradient and no forward recomputed. A W deferred to the flush takes the rows
+of all micro-batches at once: one product per layer.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+from pipe.core.chunk import accumulate, gradient_positions
+
+__all__ = ["SplitBackward", "split_cells"]
+
+
+class LayerInputGrad(nn.Cell):
+    """(x, dy) -> (dx, what W will need: (dy,) for a layer with weights, else ())."""
+
+    def __init__(self, layer, input_grad=True):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.keep = bool(layer.trainable_params())
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=True, sens_param=True)
+
+    def construct(self, x, dy):
+        stash = (dy,) if self.keep else ()
+        if not self.input_grad:
+            return dy, stash
+        return self.grad(self.layer)(x, dy)[0], stash
+
+
+class InputGrad(nn.Cell):
+    """I: (dy, *residuals) -> (dx, output gradients of the layers with weights)."""
+
+    def __init__(self, layer_grads):
+        super().__init__(auto_prefix=False)
+        self.reversed_grads = nn.CellList(layer_grads)
+
+    @ms.jit
+    def construct(self, dy, *residuals):
+        stashed = ()
+        for layer_grad in self.reversed_grads:
+            dy, stash = layer_grad(residuals[layer_grad.residual], dy)
+            stashed = stash + stashed
+        return dy, stashed
+
+
+class WeightGrad(nn.Cell):
+    """W: (accumulators, the inputs of the layers with weights, their stashed output
+    gradients) -> accumulators + the weight gradients over those rows."""
+
+    def __init__(self, layers, residual_of):
+        super().__init__(auto_prefix=False)
+        weighted = [i for i, layer in enumerate(layers) if layer.trainable_params()]
+        self.inputs = tuple(residual_of[i] for i in weighted)   # the residuals W reads
+        self.layers = nn.CellList([layers[i] for i in weighted])
+        self.weights = [ms.ParameterTuple(layers[i].trainable_params()) for i in weighted]
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.positions = gradient_positions(layers)
+
+    @ms.jit
+    def construct(self, accumulators, *tensors):   # tensors: layer inputs, then their dys
+        grads = ()
+        n = len(self.layers)
+        for k in range(n):
+            grads = grads + self.grad(self.layers[k], self.weights[k])(tensors[k], tensors[n + k])
+        return accumulate(accumulators, grads, self.positions)
+
+
+def split_cells(chunk):
+    """The chunk's I and W cells (built with its other cells, before parameters are named)."""
+    return (InputGrad(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
+            WeightGrad(chunk.layers, chunk.residual_of))
+
+
+class SplitBackward:
+    """Chunk feature: `backward_input` (I) and `backward_weight` (W); what W reads waits
+    in `waiting` from a micro-batch's I until its W."""
+
+    def backward_input(self, mb, dy=None):
+        residuals, start = self.restored(self.residuals.pop(mb))
+        dx, stashed = self.input_grad_cell(start if self.is_last else dy, *residuals)
+        self.waiting[mb] = tuple(residuals[i] for i in self.weight_grad_cell.inputs) + stashed
+        return dx
+
+    def backward_weight(self, mbs):
+        """W for the micro-batches `mbs`, added to `grads`: with several (a W deferred to
+        the flush), one product per layer over all their rows."""
+        waiting = [self.waiting.pop(mb) for mb in mbs]
+        rows = waiting[0] if len(waiting) == 1 else tuple(ops.cat(t) for t in zip(*waiting))
+        self.grads = self.weight_grad_cell(self.accumulators(), *rows)
