@@ -2,17 +2,14 @@
 backward that runs layer by layer from those inputs, summing weight gradients.
 
 A chunk is the layers of one virtual stage (with one chunk per rank: the rank's stage).
-Its forward keeps, for each layer, the input it saw: the tensors autograd would keep. Its
-backward walks the layers in reverse and asks MindSpore for each layer's vector-Jacobian
-product at that input, all inside one compiled graph. A layer whose gradient needs no
-forward output (Dense: dX = dY W^T, dW = dY^T X) is not recomputed: its forward is dead
-code in the backward graph and the compiler drops it, so forward + backward costs ~3x the
-forward, not the ~4x of differentiating the whole chunk again from its input.
+The forward keeps each layer's input, the tensors autograd would keep; the backward asks
+MindSpore for each layer's vector-Jacobian product at that input, in reverse, in one
+compiled graph. A layer whose gradient needs no forward output (Dense: dX = dY W^T,
+dW = dY^T X) is not run again: its forward is dead code there and the compiler drops it.
 
-Seams, for layers that keep something else (pipe.chunk composes them): `keeps(i)` wraps
-layer i for the forward, `layer_grad(i, ...)` for the backward, `extras(mb, x)` gives the
-layers' per-micro-batch inputs (dropout's masks), `kept` / `restored` choose what waits
-from a micro-batch's forward until its backward.
+Seams (pipe.chunk plugs features in): `keeps` and `layer_grad` wrap layer i for the
+forward and backward, `extras` gives the layers' per-micro-batch inputs (dropout masks),
+`kept` / `restored` choose what waits from a micro-batch's forward until its backward.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -37,8 +34,7 @@ def leaves(cells):
 
 
 class KeepInput(nn.Cell):
-    """(x, extras) -> (layer(x), (x,)): the output, and the residual its backward reads.
-    `keeps` counts the residuals; `extras` (unused here) are the chunk's `extras`."""
+    """(x, extras) -> (layer(x), (x,)): the output, and the residuals its backward reads."""
     keeps = 1
 
     def __init__(self, layer):
@@ -138,12 +134,8 @@ class Backward(nn.Cell):
 
 class Chunk:
     """A slice of the model on this rank, with its micro-batches in flight and its gradients.
-
-    `forward(mb, x, labels)` returns the activation for the next chunk (on the model's last:
-    the loss); `backward(mb, dy)` the gradient for the previous one, and adds this
-    micro-batch's weight gradients to `grads`. The loss gradient is scaled by `grad_scale`
-    (1/(M x D)), so the summed gradients are the mean over the step's batch.
-    """
+    `forward` returns the activation for the next chunk (on the model's last: the loss),
+    `backward` the gradient for the previous one, adding the weight gradients to `grads`."""
 
     def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
         self.layers = leaves(layers)

@@ -3,10 +3,9 @@
     engine = Engine(model, loss_fn, make_optimizer, Config(stages=2, micro_batches=4, ...))
     loss = engine.train_step(inputs, labels)   # the global mini-batch, the same on every rank
 
-A step: cut the batch into this replica's micro-batches; run this stage's actions in
-order (receive -> forward -> send, receive -> backward -> send), the chunks summing weight
-gradients over the micro-batches; sum the gradients over the replicas; step the optimizer.
-The engine decides nothing about order: the schedule does.
+A step: cut the batch into micro-batches; run this stage's actions in order (receive ->
+forward -> send, receive -> backward -> send), the chunks summing weight gradients over
+micro-batches; sum them over the replicas; step. The schedule alone decides the order.
 """
 from contextlib import nullcontext
 

@@ -10,17 +10,13 @@ __all__ = ["Topology", "MicroBatches", "split"]
 
 @dataclass(frozen=True)
 class Topology:
-    """A grid of `stages` x `data_parallel` ranks: D replicas of a P-stage pipeline.
-
-    Ranks of one pipeline are consecutive: replica r runs stages 0..P-1 on ranks
-    r*P .. r*P+P-1. So with P=2, D=2 the layout is
+    """D replicas of a P-stage pipeline, each on consecutive ranks. P=2, D=2:
 
         rank:     0  1  2  3
         stage:    0  1  0  1
         replica:  0  0  1  1
 
-    A stage talks point-to-point with the previous and next stage of its own replica,
-    and all-reduces its weight gradients with the same stage of every other replica.
+    A stage sends to its neighbours in its replica, and all-reduces with its replicas.
     """
 
     stages: int         # P: pipeline depth
@@ -59,9 +55,8 @@ class Topology:
 
 @dataclass
 class MicroBatches:
-    """One step's micro-batches, and what the last stage made of them. `source` is the
-    batch as given (inputs, labels), `cut` each micro-batch's rows of it; tensors are cut
-    at first use."""
+    """One step's micro-batches: `source` (inputs, labels) as given, `cut` each micro-batch's
+    rows of it (tensors cut at first use), and the last stage's `outputs`."""
     source: tuple
     cut: list
     outputs: list = field(default_factory=list)   # the last stage's losses (or outputs)

@@ -15,11 +15,10 @@ HANDS_ON = {"F": "F", "B": "B", "I": "B"}
 
 @dataclass(frozen=True)
 class Action:
-    """One thing a stage does. Prints as `F3` (forward of micro-batch 3), `B3:1` (backward
-    of micro-batch 3 on the stage's model chunk 1), `sF3` / `rF3` (send / receive the
-    activation of micro-batch 3), `sB3` / `rB3` (its gradient); `peer` is the other stage.
-    `lower()` stamps each message with its wire `tag` and the `boundary` it crosses (b: into
-    virtual stage b, or back out of it): all the wire needs."""
+    """One thing a stage does: `F3` (forward of micro-batch 3), `B3:1` (its backward on the
+    stage's chunk 1), `sF3` / `rF3` (send / receive its activation), `sB3` / `rB3` (its
+    gradient) to or from stage `peer`. `lower()` stamps each message with its wire `tag`
+    and the `boundary` it crosses (into virtual stage b, or back out of it)."""
 
     kind: str
     mb: int
@@ -145,17 +144,12 @@ def _messages(schedule, stage, action):
 
 
 def lower(schedule):
-    """Insert the sends and receives around the compute actions.
-
-    A receive comes before the compute that needs its tensor, a send after the compute that
-    made it, as soon as the receiver takes it. With blocking messages the order decides
-    whether neighbours hang sending to each other, so the schedule is played once,
-    logically, and each stage's messages are written down in the order in which they pair
-    up. When every stage is stuck, one with only sends left goes on computing and sends
-    later (interleaved schedules need this). Of the stages that can compute, the one that
-    has computed least goes first, so messages pair in about the order they would in time.
-    A fixed order per stage pairs the same way in the real run, whatever the timing, so
-    the lowered schedule cannot deadlock.
+    """Insert the sends and receives around the compute actions. With blocking messages
+    their order decides whether neighbours hang sending to each other, so the schedule is
+    played once, logically, and each stage's messages written down in the order in which
+    they pair up: the lowered schedule cannot deadlock, whatever the timing. When every
+    stage is stuck, one with only sends left computes on and sends later (interleaved
+    schedules need this); the stage that has computed least goes first (ZB-V needs this).
     """
     compute = schedule.actions
     stages = range(len(compute))

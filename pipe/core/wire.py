@@ -1,13 +1,8 @@
 """The wire: send and receive by peer and tag, and all-reduce, between ranks.
 
-* `MindSporeWire` (GPU, Ascend): `ops.Send` / `ops.Receive` / `ops.AllReduce` over NCCL
-  or HCCL, in processes started by `msrun`.
-* `MpiWire` (CPU, where MindSpore has no Send/Receive kernels): mpi4py, under `mpiexec`.
-  Sends are synchronous (`Issend`): they complete only once the receiver has posted the
-  matching receive, as NCCL's do, so a message order that could hang on GPUs hangs on CPU.
-
-`PointToPoint` carries one rank's pipeline messages: each send or receive action of a
-lowered schedule names its peer stage and tag, and the wire needs nothing else.
+`MindSporeWire` (GPU, Ascend, under `msrun`): ops.Send / Receive / AllReduce over NCCL or
+HCCL. `MpiWire` (CPU, where MindSpore has no Send/Receive): mpi4py under `mpiexec`, its
+sends synchronous as NCCL's are, so an order that could hang on GPUs hangs on CPU too.
 """
 import os
 
@@ -140,9 +135,9 @@ def read_header(header):
 
 
 class PointToPoint:
-    """One rank's pipeline messages, as its lowered schedule stamped them (peer, tag,
-    boundary). `ranks[peer]` is the peer stage's global rank; `shapes[b]` the (shape, dtype)
-    of what crosses boundary b: the activation into virtual stage b, or its gradient back."""
+    """One rank's pipeline messages, as the lowered schedule stamped them (peer, tag,
+    boundary). `ranks[peer]`: the peer stage's rank; `shapes[b]`: (shape, dtype) of what
+    crosses boundary b, the activation into virtual stage b or its gradient back."""
 
     def __init__(self, wire, pipeline_ranks, shapes):
         self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
