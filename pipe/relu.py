@@ -7,16 +7,13 @@ unless it is the chunk's last layer or a dropout (which keeps its mask) follows.
 """
 from mindspore import nn
 
+from pipe.core.chunk import KeepInput
+
 __all__ = ["ReluKeepsOutput"]
 
 
-class KeepOutput(nn.Cell):
+class KeepOutput(KeepInput):
     """ReLU: (x, extras) -> (y, (y,))."""
-    keeps = 1
-
-    def __init__(self, layer):
-        super().__init__(auto_prefix=False)
-        self.layer = layer
 
     def construct(self, x, extras):
         y = self.layer(x)
