@@ -29,7 +29,6 @@ class PipelineConfig(Config):
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     defer_wgrad: bool = False            # weight gradients at the flush, over all micro-batches at once
     timeout: float = 300.0               # seconds a send/receive may wait without progress
-    clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
     one_graph: bool = False              # run each step as one compiled graph (pipe.step_graph)
 
@@ -46,7 +45,4 @@ class PipelineConfig(Config):
         for name in ("recompute", "defer_wgrad", "one_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
-        if not 0 <= self.clip_grad_norm < float("inf"):
-            raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
-                             "positive finite number")
         super().check()

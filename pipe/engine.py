@@ -17,7 +17,6 @@ from contextlib import ExitStack, nullcontext
 import mindspore as ms
 
 from pipe import checkpoint, predict
-from pipe.allreduce import clip_by_global_norm, sum_gradients
 from pipe.batchnorm import average_buffers
 from pipe.core.engine import Engine
 from pipe.deadlines import WireTimeout, connect
@@ -25,7 +24,8 @@ from pipe.dropout import draws
 from pipe.handshake import StageCheck
 from pipe.layout import plan
 from pipe.schedules import micro_batches_of
-from pipe.step_graph import StepGraph, updates_in_graph
+from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
+from pipe.tied import sum_gradients
 from pipe.watchdog import PipelineError, Watch, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -52,6 +52,7 @@ class PipelineEngine(Engine):
         super().__init__(model, loss_fn, make_optimizer, config, wire)
         # With one graph and nothing to all-reduce, the optimizer steps inside the graph.
         self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
+        self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), for predict
         self.graph = None                # the step as one compiled graph, when config.one_graph
@@ -76,7 +77,7 @@ class PipelineEngine(Engine):
             self.graph = StepGraph(self.layout, self.p2p, self.update if self.update_in_graph else None)
         self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            share, grads, done = self.graph(*batch.rows(), self.dropout_masks(batch))
+            share, grads, done = self.graph(*replica_rows(batch), self.dropout_masks(batch))
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
@@ -90,18 +91,15 @@ class PipelineEngine(Engine):
                      for chunk, vs in zip(self.chunks, held))
 
     def update_weights(self):
-        """Sum the gradients over the replicas (and tied copies), clip them, step."""
-        if self.update_in_graph:
-            return
-        layout, replicas = self.layout, self.topo.data_parallel_ranks(self.stage)
-        with self.watch.at("the all-reduce of the gradients"), self.span("all-reduce"):
-            grads = sum_gradients(self.wire, tuple(g for c in self.chunks for g in c.grads),
-                                  replicas, layout.tied)
-            if self.config.clip_grad_norm:
-                grads = clip_by_global_norm(self.wire, grads, layout.counted, self.config.clip_grad_norm,
-                                            tuple(range(self.wire.size)), len(replicas))
-        with self.span("optimizer"):
-            self.update(ms.mutable(grads))
+        if not self.update_in_graph:     # (else the step's graph has stepped)
+            with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
+                super().update_weights()
+
+    def reduce(self, grads):
+        """Over the replicas, and a tied weight's over every rank that holds a copy."""
+        with self.span("all-reduce"):
+            return sum_gradients(self.wire, grads, self.topo.data_parallel_ranks(self.stage),
+                                 self.layout.tied)
 
     def mean_loss(self, share):
         replicas = self.topo.data_parallel_ranks(self.stage)

@@ -16,10 +16,11 @@ from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk, RecomputedChunk
 from pipe.core.place import Topology
 from pipe.handshake import agreed
-from pipe.partition import check_model, partition, stage_bounds, tied_weights, timed_costs
+from pipe.partition import check_model, partition, stage_bounds, timed_costs
 from pipe.predict import forward_only
 from pipe.simulator import checked_schedule
 from pipe.step_graph import check_supported
+from pipe.tied import tied_weights
 
 __all__ = ["Layout", "build_layout", "plan", "check_exact"]
 
@@ -98,7 +99,7 @@ def plan(model, loss_fn, config, wire, sample=None):
     topo = Topology(config.stages, config.data_parallel)
     topo.check_world_size(wire.size)
     costs = config.partition if config.partition != "time" else \
-        timed_costs(model, sample, wire, topo.world_size)
+        timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
     return agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
 

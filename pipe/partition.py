@@ -10,7 +10,7 @@ from mindspore import nn, ops
 from pipe.core.chunk import is_plain_sequence, leaves
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
-           "timed_costs", "tied_weights", "whole_model_names"]
+           "timed_costs", "whole_model_names"]
 
 
 def check_model(model):
@@ -171,34 +171,3 @@ def timed_costs(model, sample, wire, world):
     costs = np.array(profile_layers(model, ms.Tensor(np.asarray(sample))), np.float32)
     total = wire.all_reduce(ms.Tensor(costs), tuple(range(world))).asnumpy()
     return tuple(float(c) / world for c in total)
-
-
-def tied_weights(model, bounds, params, ranks_of_stage):
-    """{index in `params`: every rank holding a copy} for the weights that several stages
-    use (a tied embedding and output head). Each copy starts equal (same seed); summing their
-    gradients over all copies before every step keeps them equal. They are all-reduced in
-    the order of their whole-model names, the same on every rank; `ranks_of_stage(vs)`
-    lists the ranks (one per replica) that run virtual stage vs.
-    Every rank checks every tied weight of the whole model, so all refuse together."""
-    users = {}
-    for vs, (first, last) in enumerate(bounds):
-        for layer in model[first:last]:
-            for p in layer.trainable_params():
-                users.setdefault(id(p), set()).add(vs)
-    whole = whole_model_names(model)
-    for key, stages in users.items():
-        holders = {}
-        for vs in sorted(stages):
-            holders.setdefault(ranks_of_stage(vs)[0], []).append(vs)
-        for rank, held in holders.items():
-            if len(held) > 1:
-                raise ValueError(f"weight {whole[key]!r} is used by virtual stages {held}, all "
-                                 f"on rank {rank} (as chunks of its own): pipe keeps a tied "
-                                 "weight's copies on different ranks; use a schedule with one "
-                                 "chunk per rank, or another partition")
-    tied = {}
-    for k in sorted(range(len(params)), key=lambda k: whole[id(params[k])]):
-        p = params[k]
-        if len(users[id(p)]) > 1:
-            tied[k] = tuple(sorted({r for vs in users[id(p)] for r in ranks_of_stage(vs)}))
-    return tied

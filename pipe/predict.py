@@ -4,7 +4,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.place import MicroBatches
+from pipe.core.engine import MicroBatches
 from pipe.core.schedule import Action, lower
 from pipe.core.wire import PointToPoint
 

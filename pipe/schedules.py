@@ -31,9 +31,6 @@ class VSchedule(Schedule):
     def virtual_stage(self, stage, chunk):
         return 2 * self.stages - 1 - stage if chunk == 1 else stage
 
-    def chunk_of(self, virtual_stage):
-        return int(virtual_stage >= self.stages)
-
 
 def micro_batches_of(schedule, action):
     """The micro-batches `action` works on: all of them for a W deferred to the flush."""

@@ -25,7 +25,7 @@ from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire
 from pipe.schedules import EVERY
 
-__all__ = ["StepGraph", "check_supported", "updates_in_graph", "encode"]
+__all__ = ["StepGraph", "check_supported", "updates_in_graph", "encode", "replica_rows"]
 
 F, B, I, W, SEND, RECV = range(6)
 CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
@@ -92,6 +92,14 @@ def graph_op(p2p, action):
         return wire.recv_array(shape, dtype, peer, action.tag)
     return ops.Custom(recv, out_shape=lambda token: tuple(shape), out_dtype=lambda token: dtype,
                       func_type="pyfunc")
+
+
+def replica_rows(batch):
+    """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
+    micro-batch on the host)."""
+    mine = slice(batch.cut[0].start, batch.cut[-1].stop)
+    rows = [a if mine == slice(0, len(a)) else a[mine] for a in batch.source]
+    return tuple(a if isinstance(a, ms.Tensor) else ms.Tensor(np.asarray(a)) for a in rows)
 
 
 def _pick(tensors, positions):

@@ -19,14 +19,12 @@ __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumu
 
 
 def is_plain_sequence(cell):
-    """A SequentialCell that only chains its children: one whose class overrides
-    `construct` (a skip connection, say) is a layer of its own, not a list of layers."""
+    """A SequentialCell that only chains its children (one overriding construct is a layer)."""
     return isinstance(cell, nn.SequentialCell) and type(cell).construct is nn.SequentialCell.construct
 
 
 def leaves(cells):
-    """The innermost layers, in order: nested plain `SequentialCell`s are flattened so
-    inputs are kept at the finest grain (a Dense and its ReLU separately)."""
+    """The innermost layers, in order: inputs are kept at the finest grain."""
     out = []
     for cell in cells:
         out += leaves(list(cell.cells())) if is_plain_sequence(cell) else [cell]
@@ -46,9 +44,8 @@ class KeepInput(nn.Cell):
 
 
 class Forward(nn.Cell):
-    """(x, labels, scale, extras) -> (output, residuals). On the model's last chunk the
-    output is (loss, d loss / d logits x scale): the loss gradient is cheap, and starting
-    the backward from it means the logits need not be kept."""
+    """(x, labels, scale, extras) -> (output, residuals); on the model's last chunk the output
+    is (loss, d loss / d logits x scale): the backward starts there, the logits not kept."""
 
     def __init__(self, wrapped, loss_fn=None):
         super().__init__(auto_prefix=False)
@@ -70,8 +67,7 @@ class Forward(nn.Cell):
 
 
 class LayerGrad(nn.Cell):
-    """(x, dy) -> (dx, weight grads) for one layer. With `input_grad=False` dx is not
-    needed (the model's first layer) and the compiler skips computing it."""
+    """(x, dy) -> (dx, weight grads); without `input_grad` (the model's first layer) no dx."""
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
@@ -115,8 +111,7 @@ def accumulate(accumulators, grads, positions):
 
 
 class Backward(nn.Cell):
-    """(dy, grad accumulators, *residuals) -> (dx, accumulators + this micro-batch's
-    grads). `layer_grads`: last layer first, each with the index of its `residual`."""
+    """(dy, accumulators, *residuals) -> (dx, accumulators + this micro-batch's grads)."""
 
     def __init__(self, layer_grads, positions):
         super().__init__(auto_prefix=False)

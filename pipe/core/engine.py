@@ -7,17 +7,54 @@ A step: cut the batch into micro-batches; run this stage's actions in order (rec
 forward -> send, receive -> backward -> send), the chunks summing weight gradients over
 micro-batches; sum them over the replicas; step. The schedule alone decides the order.
 """
+import math
 from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from pipe.core.chunk import Chunk
-from pipe.core.place import Topology, split
+from pipe.core.place import Topology
 from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
 from pipe.core.wire import HEADER, PointToPoint, connect, read_header, write_header
 
-__all__ = ["Engine", "CompiledUpdate", "sum_over", "loss_share"]
+__all__ = ["Engine", "MicroBatches", "split", "sum_over", "clip_by_global_norm", "loss_share"]
+
+
+@dataclass
+class MicroBatches:
+    """One step's micro-batches: `source` (inputs, labels) as given, `cut` each micro-batch's
+    rows of it (tensors cut at first use), and the last stage's `outputs`."""
+    source: tuple
+    cut: list
+    outputs: list = field(default_factory=list)   # the last stage's losses (or outputs)
+
+    @cached_property
+    def inputs(self):
+        return [_tensor(self.source[0][c]) for c in self.cut]
+
+    @cached_property
+    def labels(self):
+        return [_tensor(self.source[1][c]) for c in self.cut]
+
+
+def _tensor(array):
+    return array if isinstance(array, ms.Tensor) else ms.Tensor(np.asarray(array))
+
+
+def split(config, inputs, labels, replica):
+    """Replica `replica`'s M micro-batches of the global batch: rows [r B/D, (r+1) B/D),
+    in M equal pieces (the last stage's loss of each is the mean over its rows)."""
+    M, D = config.micro_batches, config.data_parallel
+    if len(inputs) != config.batch_size or len(labels) != len(inputs):
+        raise ValueError(f"train_step got {len(inputs)} inputs and {len(labels)} labels; "
+                         f"batch_size={config.batch_size} is configured")
+    size = config.batch_size // (D * M)
+    return MicroBatches((inputs, labels), [slice((replica * M + m) * size, (replica * M + m + 1) * size)
+                                           for m in range(M)])
 
 
 class CompiledUpdate(nn.Cell):
@@ -40,6 +77,17 @@ def sum_over(wire, grads, ranks):
     return tuple(p.reshape(g.shape) for g, p in zip(grads, ops.split(flat, [g.size for g in grads])))
 
 
+def clip_by_global_norm(wire, grads, counted, clip, world, replicas):
+    """Every gradient scaled by clip / max(norm, clip), `norm` the L2 norm of the whole
+    model's gradient (ops.clip_by_global_norm on one process): each rank adds the squares
+    it `counted` (a weight on several ranks: once), the world sums them, and the replicas,
+    holding the same gradients, count `replicas` times."""
+    mine = [(g * g).sum() for g, count in zip(grads, counted) if count]
+    squares = ops.stack(mine).sum().reshape(1) if mine else ops.zeros(1, ms.float32)
+    norm = math.sqrt(float(wire.all_reduce(squares, world).asnumpy()[0]) / replicas)
+    return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
+
+
 def loss_share(losses, micro_batches):
     """A rank's share of the step's mean loss: its micro-batches' losses (on the last
     stage) / M, as a 1-element tensor (0 on other stages)."""
@@ -58,7 +106,9 @@ class Engine:
         self.topo.check_world_size(self.wire.size)
         self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
         self.schedule, self.chunks = self.build(model, loss_fn)
-        self.optimizer = make_optimizer([p for chunk in self.chunks for p in chunk.params])
+        params = [p for chunk in self.chunks for p in chunk.params]
+        self.counted = [True] * len(params)   # adds its square to the global norm (once per weight)
+        self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
         self.p2p = None                  # this rank's messages, once the stages agree on shapes
         self.step = 0                    # optimizer steps taken
@@ -99,13 +149,19 @@ class Engine:
         return loss_share(batch.outputs, self.config.micro_batches)
 
     def update_weights(self):
-        """Sum each gradient over the replicas of this stage, then step the optimizer."""
-        grads = tuple(g for chunk in self.chunks for g in chunk.grads)
-        self.update(ms.mutable(sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))))
+        """Sum each gradient over the replicas of this stage, clip, step the optimizer."""
+        grads = self.reduce(tuple(g for chunk in self.chunks for g in chunk.grads))
+        if self.config.clip_grad_norm:
+            grads = clip_by_global_norm(self.wire, grads, self.counted, self.config.clip_grad_norm,
+                                        tuple(range(self.wire.size)), self.config.data_parallel)
+        self.update(ms.mutable(grads))
+
+    def reduce(self, grads):
+        return sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))
 
     def mean_loss(self, share):
         """The step's mean loss on every rank: the shares summed, the replicas averaged."""
-        world = tuple(range(self.topo.world_size))
+        world = tuple(range(self.wire.size))
         return float(self.wire.all_reduce(share, world).asnumpy()[0]) / self.config.data_parallel
 
     def execute(self, schedule, batch, handlers):
@@ -153,10 +209,9 @@ class Engine:
 
     # ---- before the first step --------------------------------------------------------
     def connect_stages(self, batch, probe=None):
-        """Agree on what crosses each boundary: in virtual-stage order, each stage learns
-        its input's (shape, dtype) from the previous, runs its forward on it (compiling
-        it) and tells the next its output's. `probe(chunk index, virtual stage, spec)` ->
-        output spec, or None to tell the next that nothing will come."""
+        """Agree on what crosses each boundary: in virtual-stage order, each stage learns its
+        input's (shape, dtype) from the previous, runs its forward on it (compiling it) and
+        tells the next its output's: `probe(chunk, virtual stage, spec)`, or None."""
         probe = probe or (lambda c, vs, spec: self.chunks[c].output_spec(
             ops.ones(*spec), batch.labels[0]))
         s, schedule, ranks = self.stage, self.schedule, self.topo.pipeline_ranks(self.replica)

@@ -57,10 +57,6 @@ class Schedule:
     def virtual_stage(self, stage, chunk):
         return chunk * self.stages + stage
 
-    def chunk_of(self, virtual_stage):
-        """Which of its stage's chunks a virtual stage is."""
-        return virtual_stage // self.stages
-
     def holds(self, stage, virtual_stage):
         """Whether `virtual_stage` exists and runs on `stage`: a neighbour there is handed
         its tensor directly, with no message."""

@@ -1,10 +1,10 @@
-"""pipe.core.place: which rows of the global batch each replica's micro-batches get (and
+"""pipe.core.engine.split: which rows of the global batch each replica's micro-batches get (and
 pipe.dropout.draws: which masks they draw; pipe.predict: how predict cuts its batch)."""
 import numpy as np
 import pytest
 
 from pipe.config import PipelineConfig
-from pipe.core.place import split
+from pipe.core.engine import split
 from pipe.dropout import draws
 from pipe.predict import split_for_predict
 

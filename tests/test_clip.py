@@ -1,8 +1,9 @@
-"""pipe.allreduce on one process (SoloWire); across ranks: test_models.py, test_transparency.py."""
+"""Clipping by the global norm (pipe.core.engine) on one process (SoloWire); across ranks:
+test_models.py, test_transparency.py."""
 import mindspore as ms
 import numpy as np
 
-from pipe.allreduce import clip_by_global_norm
+from pipe.core.engine import clip_by_global_norm
 from pipe.core.wire import SoloWire
 
 
