@@ -164,7 +164,7 @@ class StepGraph(nn.Cell):
     def construct(self, rows, labels_of_rows, masks):
         size = rows.shape[0] // self.micro_batches
         inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
-        flight, saved, starts, waiting, grads = {}, {}, {}, {}, {}
+        flight, residuals, starts, waiting, grads = {}, {}, {}, {}, {}
         losses = ()
         # Two chains keep the list's order: `sent` through the messages, `done` through the
         # computations (else the compiler may run a W before the B a peer waits for). A
@@ -172,7 +172,7 @@ class StepGraph(nn.Cell):
         # its data: a send in flight holds no computation back.
         sent, done = self.token, self.token
         for code, mb, c, takes, puts, index in self.program:
-            key = mb * self.count + c
+            unit = mb * self.count + c          # this micro-batch on chunk c
             if code == SEND:
                 sent = ops.depend(sent, self.messages[index](ops.depend(flight[takes], sent)))
             elif code == RECV:
@@ -181,23 +181,23 @@ class StepGraph(nn.Cell):
             elif code == F:
                 x = ops.depend(inputs[mb] if takes < 0 else flight[takes], done)
                 y = labels[mb] if self.last[c] else self.no_labels
-                out, saved[key] = self.forwards[c](x, y, self.scale, masks[key])
+                out, residuals[unit] = self.forwards[c](x, y, self.scale, masks[unit])
                 done = ops.depend(done, out)
                 if self.last[c]:
                     losses = losses + (out[0],)
-                    starts[key] = out[1]
+                    starts[unit] = out[1]
                 else:
                     flight[puts] = out
             elif code == I:
-                dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
-                dx, stashed = self.input_grads[c](dy, *saved[key])
-                waiting[key] = _pick(saved[key], self.weight_inputs[c]) + stashed
+                dy = ops.depend(starts[unit] if takes < 0 else flight[takes], done)
+                dx, stashed = self.input_grads[c](dy, *residuals[unit])
+                waiting[unit] = _pick(residuals[unit], self.weight_inputs[c]) + stashed
                 done = ops.depend(ops.depend(done, stashed), dx)
                 if puts >= 0:
                     flight[puts] = dx
             elif code == B:
-                dy = ops.depend(starts[key] if takes < 0 else flight[takes], done)
-                dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *saved[key])
+                dy = ops.depend(starts[unit] if takes < 0 else flight[takes], done)
+                dx, grads[c] = self.backwards[c](dy, () if index else grads[c], *residuals[unit])
                 done = ops.depend(ops.depend(done, grads[c]), dx)
                 if puts >= 0:
                     flight[puts] = dx
