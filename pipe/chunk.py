@@ -2,13 +2,15 @@
 
 Each feature overrides a seam of core's chunk and calls core through `super()`:
 dropout masks (pipe.dropout), ReLU keeping its output (pipe.relu), the split backward's
-I and W (pipe.split_backward), batch norm's buffers (pipe.batchnorm), and with
-`RecomputedChunk` activation recomputation (pipe.recompute).
+I and W (pipe.split_backward), batch norm's buffers (pipe.batchnorm), a (sum, count)
+loss (pipe.normalized_loss), and with `RecomputedChunk` activation recomputation
+(pipe.recompute).
 """
 from pipe.batchnorm import BatchNorm
 from pipe.core import chunk as core
 from pipe.dropout import Dropout
 from pipe.memory import Held
+from pipe.normalized_loss import CountedLoss
 from pipe.predict import Infer
 from pipe.recompute import Recompute
 from pipe.relu import ReluKeepsOutput
@@ -17,7 +19,7 @@ from pipe.split_backward import SplitBackward, split_cells
 __all__ = ["Chunk", "RecomputedChunk"]
 
 
-class Chunk(BatchNorm, SplitBackward, Dropout, ReluKeepsOutput, core.Chunk):
+class Chunk(CountedLoss, BatchNorm, SplitBackward, Dropout, ReluKeepsOutput, core.Chunk):
     """`first_layer` is the chunk's place in the whole model: `named[k]`, (layer of the
     model, leaf within it) of leaf layer k, names its dropout masks and its errors."""
 
@@ -29,6 +31,7 @@ class Chunk(BatchNorm, SplitBackward, Dropout, ReluKeepsOutput, core.Chunk):
         self.infer_cell = Infer(self.layers)
         self.memory = {"held": 0, "peak": 0}          # bytes in flight, now and at most
         self.residuals, self.waiting = Held(self.memory), Held(self.memory)
+        self.counts = []                              # this step's loss counts (last chunk)
 
     @property
     def state(self):

@@ -23,6 +23,7 @@ from pipe.deadlines import WireTimeout, connect
 from pipe.dropout import draws
 from pipe.handshake import StageCheck
 from pipe.layout import plan
+from pipe.normalized_loss import refuse_in_graph, to_token_mean
 from pipe.schedules import micro_batches_of
 from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.tied import sum_gradients
@@ -55,6 +56,8 @@ class PipelineEngine(Engine):
         self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), for predict
+        self.counted_loss = False        # loss_fn returns (sum, count) (pipe.normalized_loss)
+        self.micro_batches_per_step = config.micro_batches * config.data_parallel   # M x D
         self.graph = None                # the step as one compiled graph, when config.one_graph
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.handlers.update({"I": self.backward_input, "W": self.backward_weight})
@@ -91,9 +94,12 @@ class PipelineEngine(Engine):
                      for chunk, vs in zip(self.chunks, held))
 
     def update_weights(self):
-        if not self.update_in_graph:     # (else the step's graph has stepped)
-            with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
-                super().update_weights()
+        if self.update_in_graph:         # the step's graph has stepped
+            return
+        with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
+            if self.counted_loss:        # d(total sum) / total count (pipe.normalized_loss)
+                self.total = to_token_mean(self.wire, self.chunks, self.micro_batches_per_step)
+            super().update_weights()
 
     def reduce(self, grads):
         """Over the replicas, and a tied weight's over every rank that holds a copy."""
@@ -107,6 +113,8 @@ class PipelineEngine(Engine):
             if self.layout.buffers and len(replicas) > 1:
                 average_buffers(self.wire, self.layout.buffers, replicas)
             loss = super().mean_loss(share)
+            if self.counted_loss:        # total sum / total count
+                loss *= self.micro_batches_per_step / self.total
         self.watch.end(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
@@ -140,7 +148,10 @@ class PipelineEngine(Engine):
                                self.wire.dtypes, training)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
-            self.output_spec = check.agree(self.wire, p2p.shapes, last)
+            self.output_spec, counted = check.agree(self.wire, p2p.shapes, last)
+        if training:
+            self.counted_loss = counted
+            refuse_in_graph(self.config, counted)
         return p2p
 
     # ---- beyond the step --------------------------------------------------------------

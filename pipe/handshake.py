@@ -50,12 +50,13 @@ class Failure(NamedTuple):
 def probe(chunk, x, labels, training=True):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
     leaving the buffers as they were; returns the (shape, dtype) of its output (on the
-    model's last chunk, the logits'). A training forward runs twice: if they differ,
-    `RandomLayer` names the layer. (`predict` probes in eval mode, with no loss.)"""
+    model's last chunk, the logits'), and whether its loss is a (sum, count) pair
+    (pipe.normalized_loss). A training forward runs twice: if they differ, `RandomLayer`
+    names the layer. (`predict` probes in eval mode, with no loss.)"""
     chunk.set_mode(training)
     if not training:
         out = chunk.infer_cell(x)
-        return tuple(out.shape), out.dtype
+        return (tuple(out.shape), out.dtype), False
     labels = chunk.labels(labels)
     with chunk.buffers_kept():
         masks = chunk.extras(None, x)
@@ -66,7 +67,7 @@ def probe(chunk, x, labels, training=True):
                           "runs it again, drawing others; make each dropout an nn.Dropout "
                           "layer of its own (pipe draws its mask once per micro-batch)")
     out = runs[0][1] if chunk.is_last else runs[0]
-    return tuple(out.shape), out.dtype
+    return (tuple(out.shape), out.dtype), chunk.is_last and isinstance(runs[0][0], tuple)
 
 
 def _random_layer(chunk, x):
@@ -210,7 +211,7 @@ class StageCheck:
     def __init__(self, chunks, bounds, labels, carried, training=True):
         self.chunks, self.bounds, self.labels = chunks, bounds, labels
         self.carried, self.training = carried, training
-        self.failure = None
+        self.failure, self.counted = None, False    # counted: the loss is (sum, count)
 
     def probe(self, c, vs, spec):
         """The output spec of chunk c (virtual stage vs) on an input of `spec`, or None
@@ -223,7 +224,9 @@ class StageCheck:
             return None
         since, chunk = time.time(), self.chunks[c]
         try:
-            return probe(chunk, ops.ones(*spec), self.labels, self.training)
+            out, counted = probe(chunk, ops.ones(*spec), self.labels, self.training)
+            self.counted = self.counted or counted
+            return out
         except Exception as error:           # the user's model: any exception is its error
             kind, expected, what = explain(chunk, spec, self.labels if self.training else None, error)
             first, last = self.bounds[vs]
@@ -235,8 +238,9 @@ class StageCheck:
 
     def agree(self, wire, specs, last_stage_rank):
         """One all-reduce of every rank's failure (stage, what went wrong, what it expects,
-        what it got) and the model's output spec, which `last_stage_rank` adds (rows are
-        summed: each rank fills only its own). Returns the output spec."""
+        what it got), and the model's output spec and whether its loss is (sum, count),
+        which `last_stage_rank` adds (rows are summed: each rank fills only its own).
+        Returns (output spec, counted)."""
         rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
         failure = self.failure
         if failure is not None:                     # +1: -1 pads sum to 0
@@ -244,10 +248,10 @@ class StageCheck:
                                *(write_header(failure.spec) + 1)]
         output = specs.get(len(self.bounds))
         if wire.rank == last_stage_rank and output is not None:
-            rows[wire.size, 3:] = write_header(output) + 1
+            rows[wire.size] = [self.counted, 0, 0, *(write_header(output) + 1)]
         rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
         self._raise_failures(rows[:wire.size])
-        return read_header(rows[wire.size, 3:] - 1)
+        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0])
 
     def _raise_failures(self, rows):
         """A boundary's problem is told in full everywhere; the model's own error in full

@@ -53,10 +53,43 @@ def model_parameters_held():
                if issubclass(type(o), ms.Parameter) and o.name[:1].isdigit())
 
 
-def batches(seed):
+class TokenLoss(nn.Cell):
+    """(summed cross-entropy over the targets that are not padding (-1), their count): a
+    token-mean loss given to pipe as (sum, count) (pipe.normalized_loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cross_entropy = nn.CrossEntropyLoss(reduction="sum", ignore_index=-1)
+
+    def construct(self, logits, labels):
+        return self.cross_entropy(logits, labels), (labels != -1).sum().astype(ms.float32)
+
+
+class TokenMean(nn.Cell):
+    """One process's token mean over the whole batch: total sum / total count."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.loss = model, TokenLoss()
+
+    def construct(self, x, labels):
+        total, count = self.loss(self.model(x), labels)
+        return total / count
+
+
+def batches(seed, padded=False):
+    """Each step's (inputs, labels); `padded`: a label is -1 (padding) with probability
+    0.5 in the batch's first half and 0.1 in its second, so micro-batches count different
+    numbers of targets."""
     rng = np.random.default_rng(seed + 1)
-    return [(rng.standard_normal((BATCH, WIDTHS[0])).astype(np.float32),
-             rng.integers(0, WIDTHS[-1], BATCH).astype(np.int32)) for _ in range(STEPS)]
+    out = []
+    for _ in range(STEPS):
+        x = rng.standard_normal((BATCH, WIDTHS[0])).astype(np.float32)
+        y = rng.integers(0, WIDTHS[-1], BATCH).astype(np.int32)
+        if padded:
+            y[rng.random(BATCH) < np.repeat([0.5, 0.1], BATCH // 2)] = -1
+        out.append((x, y))
+    return out
 
 
 def optimizer(name):
@@ -67,28 +100,31 @@ def optimizer(name):
     return lambda params: nn.Adam(params, learning_rate=0.001)
 
 
-def plain_run(name, seed, builders=False):
-    """({whole-model parameter name: value}, every step's loss) of one plain process."""
+def plain_run(name, seed, builders=False, padded=False):
+    """({whole-model parameter name: value}, every step's loss) of one plain process;
+    `padded`: the token mean over labels with padding."""
     model = LayerBuilders(layer_builders(), seed).whole() if builders else build_model(seed)
     names = dict(model.parameters_and_names())
-    step = nn.TrainOneStepCell(nn.WithLossCell(model, LOSS), optimizer(name)(model.trainable_params()))
-    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
+    with_loss = TokenMean(model) if padded else nn.WithLossCell(model, LOSS)
+    step = nn.TrainOneStepCell(with_loss, optimizer(name)(model.trainable_params()))
+    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed, padded)]
     return {n: p.asnumpy() for n, p in names.items()}, losses
 
 
 def pipe_run(spec, communicator):
-    """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save", and
-    "builders": the model as layer builders}) on the ranks of `communicator`; saves the
+    """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
+    "builders": the model as layer builders, "padded": a (sum, count) loss}) on the ranks of `communicator`; saves the
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
-    data = batches(spec["seed"])
+    data = batches(spec["seed"], spec.get("padded", False))
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
     before = model_parameters_held()        # earlier runs in this process may hold theirs
     model = (layer_builders() if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else build_model(spec["seed"]))
-    engine = PipelineEngine(model, LOSS, optimizer(spec["optimizer"]), config,
+    engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
+                            optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)
     held = model_parameters_held() - before
     losses = [engine.train_step(x, y) for x, y in data]

@@ -165,7 +165,7 @@ def test_batch_norm_statistics_move_once_per_forward_only():
     twin = nn.BatchNorm1d(5)                        # the same layer, run once by hand
     twin.set_train(True)
     x, dy = tensor(4, 6), tensor(4, 3)
-    probe(stage, x, None)
+    assert probe(stage, x, None) == (((4, 3), ms.float32), False)
     assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), [np.zeros(5), np.ones(5)]))
     stage.zero_grads()
     stage.forward(0, x)

@@ -184,6 +184,20 @@ def test_predict_before_the_first_train_step_needs_no_labels():
     assert first.train_step(x, y) == plain.train_step(x, y)
 
 
+def test_a_sum_and_count_loss_is_refused_in_one_graph():
+    """The step graph sums a scalar loss inside: a (sum, count) pair is refused before the
+    first step, with the reason (across ranks it trains exactly: test_transparency.py)."""
+    from mlp_run import TokenLoss
+    model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
+    pipe = PipelineEngine(model, TokenLoss(), lambda ps: nn.SGD(ps, learning_rate=0.1),
+                          PipelineConfig(batch_size=4, micro_batches=2, one_graph=True))
+    x = np.zeros((4, 6), np.float32)
+    with pytest.raises(ValueError, match=r"^loss_fn returns \(sum, count\), which one_graph does "
+                                         r"not normalize: turn one_graph off, or return the loss "
+                                         r"as one mean$"):
+        pipe.train_step(x, np.array([0, 1, -1, 2], np.int32))
+
+
 def test_clipping_equals_clip_by_global_norm():
     """One process: pipe's clip (2 micro-batches) against MindSpore's own recipe."""
     def build():

@@ -41,6 +41,9 @@ def matrix(root):
                 (4, spec(root, "defer-wgrad-zb-v-2x2", "adam", schedule="zb-v", stages=2,
                          data_parallel=2, defer_wgrad=True)),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
+                (2, {**spec(root, "padded-1f1b-2x1", stages=2), "padded": True}),
+                (4, {**spec(root, "padded-zb-v-2x2", "adam", schedule="zb-v", stages=2,
+                            data_parallel=2, defer_wgrad=True), "padded": True}),
                 (2, spec(root, "time-2x1", stages=2, partition="time"))]
     return configs
 
@@ -55,7 +58,9 @@ def runs(trained):
 @pytest.fixture(scope="module")
 def plain():
     return {"sgd": plain_run("sgd", SEED), "adam": plain_run("adam", SEED),
-            "builders": plain_run("sgd", SEED, builders=True)}
+            "builders": plain_run("sgd", SEED, builders=True),
+            "padded-sgd": plain_run("sgd", SEED, padded=True),
+            "padded-adam": plain_run("adam", SEED, padded=True)}
 
 
 def assert_same_weights(got, want):
@@ -161,3 +166,15 @@ def test_every_rank_returns_the_single_process_loss(runs, plain, stages, data_pa
     assert sorted(got) == list(range(stages * data_parallel))
     assert all(got[r] == got[0] for r in got)
     np.testing.assert_allclose(got[0], plain["sgd"][1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,optimizer", [("padded-1f1b-2x1", "sgd"), ("padded-zb-v-2x2", "adam")])
+def test_a_sum_and_count_loss_is_the_whole_batch_token_mean(runs, plain, name, optimizer):
+    """loss_fn returns (summed loss over non-padding targets, their count); micro-batches
+    hold different counts. The step's gradient and loss are one process's token mean over
+    the whole batch (total sum / total count), not the mean of micro-batch means: 1F1B, and
+    ZB-V with two replicas and deferred W."""
+    got, results = runs[name]
+    assert_same_weights(got, plain["padded-" + optimizer][0])
+    for result in results.values():
+        np.testing.assert_allclose(result["losses"], plain["padded-" + optimizer][1], rtol=1e-6)
