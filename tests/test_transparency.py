@@ -38,13 +38,10 @@ def matrix(root):
                      "dropout": True}),
                 (4, spec(root, "zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2)),
                 (4, spec(root, "dualpipe-v-2x2", schedule="dualpipe-v", stages=2, data_parallel=2)),
-                (4, spec(root, "defer-wgrad-zb-v-2x2", "adam", schedule="zb-v", stages=2,
-                         data_parallel=2, defer_wgrad=True)),
-                (1, spec(root, "gpipe-1x1", schedule="gpipe")),
-                (2, {**spec(root, "padded-1f1b-2x1", stages=2), "padded": True}),
-                (4, {**spec(root, "padded-zb-v-2x2", "adam", schedule="zb-v", stages=2,
+                (4, {**spec(root, "defer-wgrad-zb-v-2x2", "adam", schedule="zb-v", stages=2,
                             data_parallel=2, defer_wgrad=True), "padded": True}),
-                (2, spec(root, "time-2x1", stages=2, partition="time"))]
+                (1, spec(root, "gpipe-1x1", schedule="gpipe")),
+                (2, {**spec(root, "time-2x1", stages=2, partition="time"), "padded": True})]
     return configs
 
 
@@ -79,8 +76,9 @@ def test_one_stage_equals_single_process(runs, plain):
 
 
 def test_time_balanced_partition_equals_single_process(runs, plain):
-    """Every rank times the layers, the mean decides the split: the ranks must agree."""
-    assert_same_weights(runs["time-2x1"][0], plain["sgd"][0])
+    """Every rank times the layers, the mean decides the split: the ranks must agree (with
+    a (sum, count) loss: test_a_sum_and_count_loss_is_the_whole_batch_token_mean)."""
+    assert_same_weights(runs["time-2x1"][0], plain["padded-sgd"][0])
 
 
 def test_zb_v_with_data_parallelism_equals_single_process(runs, plain):
@@ -136,11 +134,12 @@ def test_adam_pipeline_equals_single_process(runs, plain):
 
 def test_deferred_weight_gradients_equal_single_process(runs, plain):
     """Each chunk's W once per step over its replica's 4 micro-batches (defer_wgrad), in
-    ZB-V's V with two replicas, under Adam: the whole batch's gradient, every rank's loss."""
+    ZB-V's V with two replicas, under Adam (and a (sum, count) loss): the whole batch's
+    gradient, every rank's loss."""
     got, results = runs["defer-wgrad-zb-v-2x2"]
-    assert_same_weights(got, plain["adam"][0])
+    assert_same_weights(got, plain["padded-adam"][0])
     for result in results.values():
-        np.testing.assert_allclose(result["losses"], plain["adam"][1], rtol=1e-6)
+        np.testing.assert_allclose(result["losses"], plain["padded-adam"][1], rtol=1e-6)
 
 
 def test_one_graph_with_dropout_and_the_optimizer_inside_is_bitwise_the_loop(runs):
@@ -168,12 +167,12 @@ def test_every_rank_returns_the_single_process_loss(runs, plain, stages, data_pa
     np.testing.assert_allclose(got[0], plain["sgd"][1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name,optimizer", [("padded-1f1b-2x1", "sgd"), ("padded-zb-v-2x2", "adam")])
+@pytest.mark.parametrize("name,optimizer", [("time-2x1", "sgd"), ("defer-wgrad-zb-v-2x2", "adam")])
 def test_a_sum_and_count_loss_is_the_whole_batch_token_mean(runs, plain, name, optimizer):
     """loss_fn returns (summed loss over non-padding targets, their count); micro-batches
     hold different counts. The step's gradient and loss are one process's token mean over
-    the whole batch (total sum / total count), not the mean of micro-batch means: 1F1B, and
-    ZB-V with two replicas and deferred W."""
+    the whole batch (total sum / total count), not the mean of micro-batch means: 1F1B 2x1
+    (time-balanced), and ZB-V with two replicas and deferred W."""
     got, results = runs[name]
     assert_same_weights(got, plain["padded-" + optimizer][0])
     for result in results.values():
