@@ -5,24 +5,17 @@ for `timeout` seconds raises `WireTimeout`, and a rank that fails first sends ev
 rank a short notice (`abort`), on a tag of its own that every wait also polls for, so a
 peer waiting on it stops at once with a line naming it (`PeerFailed`) instead of waiting
 out its deadline. NCCL/HCCL waits cannot time out: there the watchdog (pipe.watchdog)
-keeps the deadline, and msrun ends the other workers when one exits with an error.
+keeps the deadline, and msrun ends the other workers when one exits with an error
+(pipe.watchdog.end_job).
 """
 import os
 import sys
 import time
 
 from pipe.core.wire import MindSporeWire, MpiWire, SoloWire
+from pipe.watchdog import PeerFailed, WireTimeout
 
-__all__ = ["DeadlineWire", "WireTimeout", "PeerFailed", "connect", "has_deadlines", "end_job"]
-
-
-class WireTimeout(RuntimeError):
-    """A send, receive or all-reduce saw no progress for `timeout` seconds."""
-
-
-class PeerFailed(RuntimeError):
-    """Another rank failed, and this one stops rather than wait for it: that rank's error
-    says why (this one's message is one line pointing there)."""
+__all__ = ["DeadlineWire", "connect"]
 
 
 class DeadlineWire(MpiWire):
@@ -69,19 +62,3 @@ def connect(device, timeout):
         wire = DeadlineWire(timeout)
         return wire if wire.size > 1 else SoloWire()
     return MindSporeWire() if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
-
-
-def has_deadlines(wire):
-    """Whether the wire's own waits end (else the watchdog must end them)."""
-    return isinstance(wire, (DeadlineWire, SoloWire))
-
-
-def end_job(wire, code, reason=""):
-    """End every process of the job: through the wire's notices on CPU; on GPU/Ascend by
-    exiting at once (msrun ends every other worker within a second of one exiting with an
-    error); one process simply exits."""
-    if isinstance(wire, DeadlineWire):
-        wire.abort(code, reason)
-    elif wire.size == 1:
-        sys.exit(code)
-    os._exit(code)

@@ -19,7 +19,7 @@ import mindspore as ms
 from pipe import checkpoint, predict
 from pipe.batchnorm import average_buffers
 from pipe.core.engine import Engine
-from pipe.deadlines import WireTimeout, connect
+from pipe.deadlines import connect
 from pipe.dropout import draws
 from pipe.handshake import StageCheck
 from pipe.layout import plan
@@ -27,7 +27,7 @@ from pipe.normalized_loss import refuse_in_graph, to_token_mean
 from pipe.schedules import micro_batches_of
 from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.tied import sum_gradients
-from pipe.watchdog import PipelineError, Watch, end_job_on_uncaught
+from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError"]
 

@@ -20,8 +20,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe.core.wire import DTYPES, HEADER, read_header, write_header
-from pipe.deadlines import PeerFailed
-from pipe.watchdog import first_line
+from pipe.watchdog import PeerFailed, first_line
 
 __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
 

@@ -19,10 +19,36 @@ import threading
 import time
 from contextlib import contextmanager
 
-from pipe.deadlines import PeerFailed, end_job, has_deadlines
 from pipe.simulator import format_position
 
-__all__ = ["PipelineError", "Watch", "Watchdog", "end_job_on_uncaught", "first_line"]
+__all__ = ["PipelineError", "PeerFailed", "WireTimeout", "Watch", "Watchdog",
+           "end_job_on_uncaught", "end_job", "first_line"]
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed, and this one stops rather than wait for it: that rank's error
+    says why (this one's message is one line pointing there)."""
+
+
+class WireTimeout(RuntimeError):
+    """A send, receive or all-reduce saw no progress for `timeout` seconds."""
+
+
+def has_deadlines(wire):
+    """Whether the wire's own waits end: one process, or a wire that polls against a
+    deadline and can tell its peers (pipe.deadlines.DeadlineWire, which has `abort`)."""
+    return wire.size == 1 or hasattr(wire, "abort")
+
+
+def end_job(wire, code, reason=""):
+    """End every process of the job: through the wire's notices where it has them (CPU);
+    on GPU/Ascend by exiting at once (msrun ends every other worker within a second of one
+    exiting with an error); one process simply exits."""
+    if hasattr(wire, "abort"):
+        wire.abort(code, reason)
+    if wire.size == 1:
+        sys.exit(code)
+    os._exit(code)
 
 
 def first_line(error):
