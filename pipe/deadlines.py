@@ -8,11 +8,11 @@ out its deadline. NCCL/HCCL waits cannot time out: there the watchdog (pipe.watc
 keeps the deadline, and msrun ends the other workers when one exits with an error
 (pipe.watchdog.end_job).
 """
-import os
 import sys
 import time
 
-from pipe.core.wire import MindSporeWire, MpiWire, SoloWire
+from pipe.core import wire as core
+from pipe.core.wire import MpiWire, SoloWire
 from pipe.watchdog import PeerFailed, WireTimeout
 
 __all__ = ["DeadlineWire", "connect"]
@@ -58,7 +58,7 @@ class DeadlineWire(MpiWire):
 def connect(device, timeout):
     """The wire for this process: on CPU, mpi4py with deadlines (one process without
     `mpiexec`); on GPU/Ascend, MindSpore's in a job `msrun` started (it sets MS_WORKER_NUM)."""
-    if device == "CPU":
-        wire = DeadlineWire(timeout)
-        return wire if wire.size > 1 else SoloWire()
-    return MindSporeWire() if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
+    if device != "CPU":
+        return core.connect(device)
+    wire = DeadlineWire(timeout)
+    return wire if wire.size > 1 else SoloWire()

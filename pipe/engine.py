@@ -69,8 +69,9 @@ class PipelineEngine(Engine):
     # ---- the step's seams -------------------------------------------------------------
     def micro_batches(self, inputs, labels):
         batch = super().micro_batches(inputs, labels)
-        for chunk in self.chunks:        # each micro-batch's dropout masks (pipe.dropout)
-            chunk.draws = draws(self.config, batch, self.step + 1)
+        step_draws = draws(self.config, batch, self.step + 1)   # dropout masks (pipe.dropout)
+        for chunk in self.chunks:
+            chunk.draws = step_draws
         return batch
 
     def run_step(self, batch):
@@ -89,9 +90,8 @@ class PipelineEngine(Engine):
     def dropout_masks(self, batch):
         """Each micro-batch's dropout masks for each chunk, as the loop draws them."""
         held = self.layout.virtual_stages_held
-        return tuple(chunk.masks(self.p2p.shapes[vs][0], draw)
-                     for draw in draws(self.config, batch, self.step)
-                     for chunk, vs in zip(self.chunks, held))
+        return tuple(chunk.masks(self.p2p.shapes[vs][0], chunk.draws[m])
+                     for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
 
     def update_weights(self):
         if self.update_in_graph:         # the step's graph has stepped

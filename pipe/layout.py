@@ -96,8 +96,6 @@ def plan(model, loss_fn, config, wire, sample=None):
     else:
         check_model(model)
         check_exact(config, model.untrainable_params())   # every rank, whole model: all refuse
-    topo = Topology(config.stages, config.data_parallel)
-    topo.check_world_size(wire.size)
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.

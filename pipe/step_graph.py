@@ -20,7 +20,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.engine import loss_share
+from pipe.core.engine import as_tensor, loss_share
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire
 from pipe.schedules import EVERY
@@ -98,8 +98,7 @@ def replica_rows(batch):
     """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
     micro-batch on the host)."""
     mine = slice(batch.cut[0].start, batch.cut[-1].stop)
-    rows = [a if mine == slice(0, len(a)) else a[mine] for a in batch.source]
-    return tuple(a if isinstance(a, ms.Tensor) else ms.Tensor(np.asarray(a)) for a in rows)
+    return tuple(as_tensor(a if mine == slice(0, len(a)) else a[mine]) for a in batch.source)
 
 
 def _pick(tensors, positions):

@@ -21,27 +21,27 @@ from pipe.core.place import Topology
 from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
 from pipe.core.wire import HEADER, PointToPoint, connect, read_header, write_header
 
-__all__ = ["Engine", "MicroBatches", "split", "sum_over", "clip_by_global_norm", "loss_share"]
+__all__ = ["Engine", "MicroBatches", "split", "as_tensor", "sum_over", "clip_by_global_norm",
+           "loss_share"]
 
 
 @dataclass
 class MicroBatches:
-    """One step's micro-batches: `source` (inputs, labels) as given, `cut` each micro-batch's
-    rows of it (tensors cut at first use), and the last stage's `outputs`."""
+    """A step's micro-batches: `cut`, each one's rows of `source` (inputs, labels)."""
     source: tuple
     cut: list
     outputs: list = field(default_factory=list)   # the last stage's losses (or outputs)
 
     @cached_property
     def inputs(self):
-        return [_tensor(self.source[0][c]) for c in self.cut]
+        return [as_tensor(self.source[0][c]) for c in self.cut]
 
     @cached_property
     def labels(self):
-        return [_tensor(self.source[1][c]) for c in self.cut]
+        return [as_tensor(self.source[1][c]) for c in self.cut]
 
 
-def _tensor(array):
+def as_tensor(array):
     return array if isinstance(array, ms.Tensor) else ms.Tensor(np.asarray(array))
 
 
