@@ -25,6 +25,9 @@ __all__ = ["PipelineError", "PeerFailed", "WireTimeout", "Watch", "Watchdog",
            "end_job_on_uncaught", "end_job", "first_line"]
 
 
+PEER_GRACE = 30.0    # seconds a rank told of a peer's failure waits for that peer to end the job
+
+
 class PeerFailed(RuntimeError):
     """Another rank failed, and this one stops rather than wait for it: that rank's error
     says why (this one's message is one line pointing there)."""
@@ -40,12 +43,13 @@ def has_deadlines(wire):
     return wire.size == 1 or hasattr(wire, "abort")
 
 
-def end_job(wire, code, reason=""):
-    """End every process of the job: through the wire's notices where it has them (CPU);
-    on GPU/Ascend by exiting at once (msrun ends every other worker within a second of one
-    exiting with an error); one process simply exits."""
+def end_job(wire, code, reason="", grace=2.0):
+    """End every process of the job: through the wire's notices where it has them (CPU:
+    after `grace` seconds in which peers can say where they were); on GPU/Ascend by exiting
+    at once (msrun ends every other worker within a second of one exiting with an error);
+    one process simply exits."""
     if hasattr(wire, "abort"):
-        wire.abort(code, reason)
+        wire.abort(code, reason, grace)
     if wire.size == 1:
         sys.exit(code)
     os._exit(code)
@@ -69,12 +73,15 @@ def end_job_on_uncaught(wire):
     previous = getattr(sys.excepthook, "previous", sys.excepthook)
 
     def hook(kind, error, trace):
-        if isinstance(error, PeerFailed):
+        peer_failed = isinstance(error, PeerFailed)
+        if peer_failed:
             print(f"error: {error}", file=sys.stderr, flush=True)
         else:
             previous(kind, error, trace)
         sys.stdout.flush()               # (a GPU wire's abort ends the process at once)
-        end_job(wire, 1, first_line(error))
+        # A peer's failure is already ending the job: let its abort, not this rank's own
+        # (which would add MPI's abort line here, whichever comes first), end this process.
+        end_job(wire, 1, first_line(error), grace=PEER_GRACE if peer_failed else 2.0)
     hook.previous = previous
     sys.excepthook = hook
 
