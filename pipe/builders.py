@@ -10,11 +10,18 @@ MindSpore with (config.seed, i), so its initial weights do not depend on which o
 layers a process builds: every layout, and one process building them all, start from the
 same model. Its parameters are named as in `nn.SequentialCell(built layers)` (`3.weight`).
 
+A layer that shares weights with an earlier one (an output head tied to the input
+embedding) is given as `Tied(owner, builder)`: `builder(layer owner)` returns it, using the
+owner's weights (DeepSpeed's TiedLayerSpec). Every rank builds the tied layers and their
+owners, so each holder of a tied weight has a copy that starts equal, knows the ranks of
+the others (pipe.tied sums their gradients) and its whole-model name.
+
 What needs every layer is refused with the fix: partition="parameters" or "time" (they
-weigh every layer), and tied weights. A builder that returns a weight made outside it (an
-embedding captured by the builders of the input layer and of the output head) would give
-each rank its own copy, with no summed gradient: the copies would drift apart. It is found
-by identity: every parameter of a built layer must be new, made by its builder.
+weigh every layer). A builder that returns a weight made outside it (an embedding captured
+by the builders of the input layer and of the output head) would give each rank its own
+copy, with no summed gradient: the copies would drift apart. It is found by identity:
+every parameter of a built layer must be new, made by its builder (or, for `Tied`, its
+owner's).
 """
 import gc
 import weakref
@@ -25,13 +32,21 @@ from mindspore import nn
 
 from pipe.core.chunk import leaves
 from pipe.partition import check_layer
+from pipe.sequential import Sequential
 
-__all__ = ["LayerBuilders", "layer_seed"]
+__all__ = ["LayerBuilders", "Tied", "layer_seed"]
 
 NOT_NEW = ("a builder makes its layer's weights when called, so build the layer inside it. A "
-           "weight shared by two layers (a tied embedding and output head) cannot be given as "
-           "builders: each rank builds only its own layers, and each copy would train on its "
-           "own; give such a model as an nn.SequentialCell, whose tied weights pipe keeps equal")
+           "weight shared by two layers (a tied embedding and output head) is given as "
+           "pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
+
+
+class Tied:
+    """The builder of a layer that uses weights of layer `owner` (an earlier one):
+    `builder(owner layer)` returns it."""
+
+    def __init__(self, owner, builder):
+        self.owner, self.builder = owner, builder
 
 
 def layer_seed(seed, index):
@@ -43,33 +58,53 @@ class LayerBuilders:
     """The layers of a model, each built the first time it is asked for."""
 
     def __init__(self, builders, seed):
-        if not builders or not all(callable(b) and not isinstance(b, nn.Cell) for b in builders):
+        if not builders or not all(isinstance(b, Tied) or callable(b) and not isinstance(b, nn.Cell)
+                                   for b in builders):
             raise TypeError("a model given as a list is one builder per layer, a function "
                             "returning an nn.Cell; layers already built go in an nn.SequentialCell")
         self.builders, self.seed, self.built = list(builders), seed, {}
         self.existing = _parameters_alive()   # a built layer may hold none of these
+        for i, b in enumerate(self.builders):
+            if isinstance(b, Tied) and not (isinstance(b.owner, int) and 0 <= b.owner < i):
+                raise ValueError(f"layer builder {i} is Tied to layer {b.owner!r}, which is not "
+                                 f"an earlier layer: give the index of a layer before {i}")
+        self.tied = [i for i, b in enumerate(self.builders) if isinstance(b, Tied)]
 
     def __len__(self):
         return len(self.builders)
 
     def __getitem__(self, i):
         if i not in self.built:
+            build = self.builders[i]
+            owner = self[build.owner] if isinstance(build, Tied) else None
             ms.set_seed(layer_seed(self.seed, i))
-            layer = self.builders[i]()
+            layer = build.builder(owner) if owner is not None else build()
             if not isinstance(layer, nn.Cell):
                 raise TypeError(f"layer builder {i} returned a {type(layer).__name__}, not an "
                                 "nn.Cell: each builder returns one layer")
             for leaf in leaves([layer]):
                 check_layer(i, leaf)
-            self._check_new(i, layer)
+            self._check_new(i, layer, owner)
             self.built[i] = layer
         return self.built[i]
 
-    def _check_new(self, i, layer):
-        """Refuse a layer holding a weight made outside its builder, or one that another
-        built layer holds too."""
+    def build_tied(self):
+        """Build every tied layer and its owner, on every rank (see the module's doc)."""
+        for i in self.tied:
+            self[i]
+
+    def held(self, first, last):
+        """The layers built in [first, last)."""
+        return [self.built[i] for i in range(first, last) if i in self.built]
+
+    def _check_new(self, i, layer, owner):
+        """Refuse a layer holding a weight made outside its builder (other than its owner's),
+        or one that another built layer holds too."""
+        shared = {id(p) for p in owner.get_parameters()} if owner is not None else set()
         others = {id(p) for built in self.built.values() for p in built.get_parameters()}
         for p in layer.get_parameters():
+            if id(p) in shared:
+                continue
             if id(p) in self.existing and self.existing[id(p)]() is p:
                 held = "was made before the builders ran"
             elif id(p) in others:
@@ -86,8 +121,8 @@ class LayerBuilders:
                 yield (f"{i}.{name}" if name else str(i)), cell
 
     def whole(self):
-        """Every layer built, as the nn.SequentialCell one process would train."""
-        return nn.SequentialCell([self[i] for i in range(len(self))])
+        """Every layer built, as the model one process would train (pipe.sequential)."""
+        return Sequential([self[i] for i in range(len(self))])
 
 
 def _parameters_alive():

@@ -16,7 +16,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import LayerGrad
+from pipe.core.chunk import LayerGrad, arguments
+from pipe.core.wire import spec_of
 
 __all__ = ["MaskDraw", "Dropout", "draws"]
 
@@ -80,7 +81,7 @@ class Dropout:
 
     @cached_property
     def mask_shapes(self):
-        """Input shape -> each layer's input shape (found once per shape)."""
+        """Input spec -> each layer's input shape (found once per spec)."""
         return {}
 
     def keeps(self, i):
@@ -94,14 +95,15 @@ class Dropout:
         return super().layer_grad(i, input_grad, make)
 
     def extras(self, mb, x):
-        if x.shape not in self.mask_shapes:
-            self.mask_shapes[x.shape] = self._input_shapes(x)
-        return self.masks(x.shape, self.draws[mb] if mb is not None and self.draws else None)
+        spec = spec_of(x)
+        if spec not in self.mask_shapes:
+            self.mask_shapes[spec] = self._input_shapes(x)
+        return self.masks(spec, self.draws[mb] if mb is not None and self.draws else None)
 
-    def masks(self, shape, draw):
-        """The dropout layers' keep masks, in layer order, for an input of `shape` that this
+    def masks(self, spec, draw):
+        """The dropout layers' keep masks, in layer order, for an input of `spec` that this
         chunk has seen. `draw` None keeps every unit."""
-        shapes = self.mask_shapes.get(shape)
+        shapes = self.mask_shapes.get(spec)
         return tuple(ops.ones(shapes[k], ms.float32) if draw is None else
                      draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)
                      for k, layer in enumerate(self.layers) if is_dropout(layer))
@@ -113,7 +115,7 @@ class Dropout:
         shapes = []
         self.set_mode(False)
         for layer in self.layers:
-            shapes.append(x.shape)
-            x = layer(x)
+            shapes.append(getattr(x, "shape", None))    # (a tuple: no dropout takes it)
+            x = layer(*arguments(x))
         self.set_mode(True)
         return shapes

@@ -25,7 +25,7 @@ from pipe.handshake import StageCheck
 from pipe.layout import plan
 from pipe.normalized_loss import refuse_in_graph, to_token_mean
 from pipe.schedules import micro_batches_of
-from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
+from pipe.step_graph import StepGraph, refuse_tuples, replica_rows, updates_in_graph
 from pipe.tied import sum_gradients
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
@@ -55,10 +55,11 @@ class PipelineEngine(Engine):
         self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
         self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
-        self.output_spec = None          # the model's output (shape, dtype), for predict
+        self.output_spec = None          # the model's output (shape, dtype), as last agreed
+        self.predicting = {}             # predict's batch shapes -> (messages, output spec)
         self.counted_loss = False        # loss_fn returns (sum, count) (pipe.normalized_loss)
         self.micro_batches_per_step = config.micro_batches * config.data_parallel   # M x D
-        self.graph = None                # the step as one compiled graph, when config.one_graph
+        self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.handlers.update({"I": self.backward_input, "W": self.backward_weight})
 
@@ -77,11 +78,13 @@ class PipelineEngine(Engine):
     def run_step(self, batch):
         if not self.config.one_graph:
             return super().run_step(batch)
-        if self.graph is None:           # built at its first call
-            self.graph = StepGraph(self.layout, self.p2p, self.update if self.update_in_graph else None)
+        if batch.shapes not in self.graphs:   # built at its first call, once per shape
+            self.graphs[batch.shapes] = StepGraph(self.layout, self.p2p,
+                                                  self.update if self.update_in_graph else None)
         self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            share, grads, done = self.graph(*replica_rows(batch), self.dropout_masks(batch))
+            share, grads, done = self.graphs[batch.shapes](*replica_rows(batch),
+                                                           self.dropout_masks(batch))
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
@@ -90,7 +93,7 @@ class PipelineEngine(Engine):
     def dropout_masks(self, batch):
         """Each micro-batch's dropout masks for each chunk, as the loop draws them."""
         held = self.layout.virtual_stages_held
-        return tuple(chunk.masks(self.p2p.shapes[vs][0], chunk.draws[m])
+        return tuple(chunk.masks(self.p2p.shapes[vs], chunk.draws[m])
                      for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
 
     def update_weights(self):
@@ -148,10 +151,11 @@ class PipelineEngine(Engine):
                                self.wire.dtypes, training)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
-            self.output_spec, counted = check.agree(self.wire, p2p.shapes, last)
+            self.output_spec, counted, tuples = check.agree(self.wire, p2p.shapes, last)
         if training:
             self.counted_loss = counted
             refuse_in_graph(self.config, counted)
+            refuse_tuples(self.config, tuples)
         return p2p
 
     # ---- beyond the step --------------------------------------------------------------

@@ -19,7 +19,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.wire import DTYPES, HEADER, read_header, write_header
+from pipe.core.chunk import arguments, variable
+from pipe.core.wire import DTYPES, HEADER, Parts, example, read_header, spec_of, write_header
 from pipe.watchdog import PeerFailed, first_line
 
 __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
@@ -54,27 +55,27 @@ def probe(chunk, x, labels, training=True):
     names the layer. (`predict` probes in eval mode, with no loss.)"""
     chunk.set_mode(training)
     if not training:
-        out = chunk.infer_cell(x)
-        return (tuple(out.shape), out.dtype), False
+        return spec_of(chunk.infer(x)), False
     labels = chunk.labels(labels)
     with chunk.buffers_kept():
         masks = chunk.extras(None, x)
-        runs = [chunk.forward_cell(x, labels, chunk.grad_scale, masks)[0] for _ in range(2)]
+        runs = [chunk.forward_cell(variable(x), labels, chunk.grad_scale, masks)[0]
+                for _ in range(2)]
     if not _same(*runs):
         raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
                           "of its forward on the same input differ, and pipe's backward "
                           "runs it again, drawing others; make each dropout an nn.Dropout "
                           "layer of its own (pipe draws its mask once per micro-batch)")
-    out = runs[0][1] if chunk.is_last else runs[0]
-    return (tuple(out.shape), out.dtype), chunk.is_last and isinstance(runs[0][0], tuple)
+    return spec_of(runs[0][1] if chunk.is_last else runs[0]), \
+        chunk.is_last and isinstance(runs[0][0], tuple)
 
 
 def _random_layer(chunk, x):
     """The first layer whose output differs between two eager runs on the same input."""
     with chunk.buffers_kept():
         for k, layer in enumerate(chunk.layers):
-            y = layer(x)
-            if type(layer) is not nn.Dropout and not _same(y, layer(x)):
+            y = layer(*arguments(x))
+            if type(layer) is not nn.Dropout and not _same(y, layer(*arguments(x))):
                 return describe_layer(chunk, k)
             x = y
     return f"a layer of {describe_layer(chunk, 0)} to {describe_layer(chunk, len(chunk.layers) - 1)}"
@@ -96,7 +97,7 @@ def locate_failure(chunk, x, labels):
     with chunk.buffers_kept():
         for k, layer in enumerate(chunk.layers):
             try:
-                y = layer(x)
+                y = layer(*arguments(x))
             except Exception as error:       # the user's code: any exception
                 return k, f"{describe_layer(chunk, k)}, given {_spec(x)}", error
             x = y
@@ -114,7 +115,7 @@ def _spec(x):
     if isinstance(x, ms.Tensor):
         return f"shape {tuple(x.shape)} {x.dtype}"
     if isinstance(x, (tuple, list)):
-        return f"a {type(x).__name__} of {len(x)}"
+        return f"a {type(x).__name__} of {len(x)} ({', '.join(map(_spec, x))})"
     return f"a {type(x).__name__}"
 
 
@@ -145,8 +146,9 @@ def check_input(spec, carried):
     """Whether the wire can bring a stage its input of (shape, dtype) `spec`: ("wire",
     dtype index) if not, else None. `carried`: the dtypes the wire carries (None for the
     input batch, which does not travel)."""
-    if carried is not None and spec[1] not in carried:
-        return "wire", DTYPES.index(spec[1])
+    for _, dtype in (spec if isinstance(spec, Parts) else [spec]):
+        if carried is not None and dtype not in carried:
+            return "wire", DTYPES.index(dtype)
     return None
 
 
@@ -156,11 +158,13 @@ def explain(chunk, spec, labels, error):
     take the input; else the model's own error, with the piece that raised it."""
     if isinstance(error, RandomLayer):
         return "model", 0, str(error)
-    found = locate_failure(chunk, ops.ones(*spec), labels)
+    found = locate_failure(chunk, example(spec), labels)
     if found is None:
         return "model", 0, ("compiling its forward failed (each layer ran alone): "
                             f"{first_line(error)}")
     k, where, cause = found
+    if isinstance(spec, Parts):
+        return "model", 0, f"{where}, raised {first_line(cause)}"
     first, weight = _first_weight(chunk)
     shape, dtype = spec
     if k == first and dtype in FLOATS and dtype != weight.dtype:
@@ -169,6 +173,13 @@ def explain(chunk, spec, labels, error):
     if k == 0 and isinstance(layer, nn.Dense) and shape[-1] != layer.in_channels:
         return "shape", layer.in_channels, ""
     return "model", 0, f"{where}, raised {first_line(cause)}"
+
+
+def _words(spec):
+    """A spec as a user reads it: `shape (4, 8) Float32`, or a tuple of those."""
+    if isinstance(spec, Parts):
+        return "a tuple (" + ", ".join(map(words, spec)) + ")"
+    return f"shape {spec[0]} {spec[1]}"
 
 
 def _compile_report(since):
@@ -190,15 +201,15 @@ def _failure_text(vs, kind, expected, spec, bounds):
     """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
     first, coming = bounds[vs][0], _coming(vs, bounds)
     if kind == "wire":
-        return (f"stage {vs} would receive {coming} as {spec[1]}, which the CPU wire (numpy) "
-                "cannot carry; use float32 or float16 activations on CPU")
+        return (f"stage {vs} would receive {coming} as {DTYPES[expected]}, which the CPU wire "
+                "(numpy) cannot carry; use float32 or float16 activations on CPU")
     if kind == "dtype":
         source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
         return (f"dtype mismatch: stage {vs} receives {coming} as {spec[1]}, but the first "
                 f"weights it meets are {DTYPES[expected]}; cast {source} to {DTYPES[expected]}")
     fix = (f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input" if vs
            else f"Fix the input batch or layer {first}")
-    return (f"stage {vs} cannot take {coming}, of shape {spec[0]} {spec[1]}; its first layer "
+    return (f"stage {vs} cannot take {coming}, of {_words(spec)}; its first layer "
             f"expects {expected} features. {fix}")
 
 
@@ -223,23 +234,23 @@ class StageCheck:
             return None
         since, chunk = time.time(), self.chunks[c]
         try:
-            out, counted = probe(chunk, ops.ones(*spec), self.labels, self.training)
+            out, counted = probe(chunk, example(spec), self.labels, self.training)
             self.counted = self.counted or counted
             return out
         except Exception as error:           # the user's model: any exception is its error
             kind, expected, what = explain(chunk, spec, self.labels if self.training else None, error)
             first, last = self.bounds[vs]
             layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
-            text = (f"stage {vs} ({layers}) failed on {_coming(vs, self.bounds)}, of shape "
-                    f"{spec[0]} {spec[1]}: {what}{_compile_report(since)}")
+            text = (f"stage {vs} ({layers}) failed on {_coming(vs, self.bounds)}, of "
+                    f"{_words(spec)}: {what}{_compile_report(since)}")
             self.failure = Failure(vs, spec, kind, expected, text, error)
             return None
 
     def agree(self, wire, specs, last_stage_rank):
         """One all-reduce of every rank's failure (stage, what went wrong, what it expects,
         what it got), and the model's output spec and whether its loss is (sum, count),
-        which `last_stage_rank` adds (rows are summed: each rank fills only its own).
-        Returns (output spec, counted)."""
+        which `last_stage_rank` adds (rows are summed: each rank fills only its own), and
+        whether a tuple crosses any boundary. Returns (output spec, counted, tuples)."""
         rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
         failure = self.failure
         if failure is not None:                     # +1: -1 pads sum to 0
@@ -248,9 +259,10 @@ class StageCheck:
         output = specs.get(len(self.bounds))
         if wire.rank == last_stage_rank and output is not None:
             rows[wire.size] = [self.counted, 0, 0, *(write_header(output) + 1)]
+        rows[wire.size, 1] = any(isinstance(spec, Parts) for spec in specs.values())
         rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
         self._raise_failures(rows[:wire.size])
-        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0])
+        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0]), bool(rows[wire.size, 1])
 
     def _raise_failures(self, rows):
         """A boundary's problem is told in full everywhere; the model's own error in full

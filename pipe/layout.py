@@ -107,6 +107,8 @@ def build_layout(model, loss_fn, config, rank, costs):
     Each chunk scales its loss gradient by 1/(M x D): the gradients summed over M
     micro-batches and D replicas are then the mini-batch mean."""
     topo = Topology(config.stages, config.data_parallel)
+    if isinstance(model, LayerBuilders):
+        model.build_tied()
     P, M, v = config.stages, config.micro_batches, config.chunks
     schedule = checked_schedule(config.schedule, P, M, v, config.defer_wgrad)
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
@@ -126,7 +128,7 @@ def build_layout(model, loss_fn, config, rank, costs):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
     params = [p for chunk in chunks for p in chunk.params]
-    tied = {} if isinstance(model, LayerBuilders) else tied_weights(   # builders share nothing
+    tied = tied_weights(
         model, all_bounds, params,
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,

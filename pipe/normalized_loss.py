@@ -26,7 +26,7 @@ class CountedLoss:
 
     def forward(self, mb, x, labels=None):
         out = super().forward(mb, x, labels)
-        if not isinstance(out, tuple):
+        if not (self.is_last and isinstance(out, tuple)):
             return out
         self.counts.append(out[1])
         return out[0]

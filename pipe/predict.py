@@ -4,9 +4,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from pipe.core.chunk import arguments
 from pipe.core.engine import MicroBatches
 from pipe.core.schedule import Action, lower
-from pipe.core.wire import PointToPoint
 
 __all__ = ["Infer", "forward_only", "split_for_predict", "predict"]
 
@@ -21,7 +21,7 @@ class Infer(nn.Cell):
     @ms.jit
     def construct(self, x):
         for layer in self.layers:
-            x = layer(x)
+            x = layer(*arguments(x))
         return x
 
 
@@ -47,11 +47,11 @@ def predict(engine, inputs, broadcast):
     """The model's outputs on `inputs` as numpy: on every rank, or (`broadcast` off) only on
     the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast."""
     batch = split_for_predict(engine.config, inputs)
-    trained = engine.p2p
-    p2p = trained or engine.connect_stages(batch, training=False)   # (eval mode, no loss)
-    rows = len(batch.inputs[0])
-    engine.p2p = PointToPoint(p2p.wire, p2p.ranks, {b: ((rows,) + shape[1:], dtype)
-                                                    for b, (shape, dtype) in p2p.shapes.items()})
+    if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
+        p2p = engine.connect_stages(batch, training=False)
+        engine.predicting[batch.shapes] = p2p, engine.output_spec
+    p2p, output_spec = engine.predicting[batch.shapes]
+    trained, engine.p2p = engine.p2p, p2p
 
     def infer(action, batch):
         engine.hand_on(action, engine.chunks[action.chunk].infer(engine.take(action, batch)), batch)
@@ -59,12 +59,12 @@ def predict(engine, inputs, broadcast):
     try:
         engine.execute(engine.layout.forward_only, batch, {**engine.handlers, "F": infer})
     finally:
-        engine.p2p = trained             # (None before the first step: it agrees on its own)
+        engine.p2p = trained
     engine.watch.end(engine.layout.forward_only)
     last = engine.chunks[-1].is_last
     out = ops.cat(batch.outputs) if last else None
     if not broadcast:
         return out.asnumpy() if last else None
-    shape, dtype = engine.output_spec
+    shape, dtype = output_spec
     out = out if last else ops.zeros((len(inputs),) + shape[1:], dtype)
     return engine.all_reduce("the broadcast of the outputs", out, p2p.ranks).asnumpy()

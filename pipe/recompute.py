@@ -3,6 +3,8 @@
 The backward runs the forward again to get the layer residuals back: less memory, one
 more forward per micro-batch (Chen et al., 2016; Megatron's full recompute).
 """
+from pipe.core.chunk import variable
+
 __all__ = ["Recompute"]
 
 
@@ -14,5 +16,5 @@ class Recompute:
 
     def restored(self, kept):
         x, labels, extras = kept
-        out, residuals = self.forward_cell(x, self.labels(labels), self.grad_scale, extras)
+        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, extras)
         return residuals, out[1] if self.is_last else None

@@ -9,7 +9,7 @@ of all micro-batches at once: one product per layer.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import accumulate, gradient_positions
+from pipe.core.chunk import accumulate, arguments, gradient_positions, variable
 
 __all__ = ["SplitBackward", "split_cells"]
 
@@ -28,7 +28,8 @@ class LayerInputGrad(nn.Cell):
         stash = (dy,) if self.keep else ()
         if not self.input_grad:
             return dy, stash
-        return self.grad(self.layer)(x, dy)[0], stash
+        dx = self.grad(self.layer)(*arguments(x), dy)
+        return (dx if isinstance(x, tuple) else dx[0]), stash
 
 
 class InputGrad(nn.Cell):
@@ -65,7 +66,8 @@ class WeightGrad(nn.Cell):
         grads = ()
         n = len(self.layers)
         for k in range(n):
-            grads = grads + self.grad(self.layers[k], self.weights[k])(tensors[k], tensors[n + k])
+            grads = grads + self.grad(self.layers[k], self.weights[k])(*arguments(tensors[k]),
+                                                                       tensors[n + k])
         return accumulate(accumulators, grads, self.positions)
 
 
@@ -81,7 +83,8 @@ class SplitBackward:
 
     def backward_input(self, mb, dy=None):
         residuals, start = self.restored(self.residuals.pop(mb))
-        dx, stashed = self.input_grad_cell(start if self.is_last else dy, *residuals)
+        dx, stashed = self.input_grad_cell(variable(start if self.is_last else dy),
+                                           *map(variable, residuals))
         self.waiting[mb] = tuple(residuals[i] for i in self.weight_grad_cell.inputs) + stashed
         return dx
 
@@ -89,5 +92,10 @@ class SplitBackward:
         """W for the micro-batches `mbs`, added to `grads`: with several (a W deferred to
         the flush), one product per layer over all their rows."""
         waiting = [self.waiting.pop(mb) for mb in mbs]
-        rows = waiting[0] if len(waiting) == 1 else tuple(ops.cat(t) for t in zip(*waiting))
-        self.grads = self.weight_grad_cell(self.accumulators(), *rows)
+        rows = waiting[0] if len(waiting) == 1 else tuple(map(_rows, zip(*waiting)))
+        self.grads = self.weight_grad_cell(self.accumulators(), *map(variable, rows))
+
+
+def _rows(parts):
+    """Micro-batches' tensors (or tuples of them) as one, their rows concatenated."""
+    return tuple(map(_rows, zip(*parts))) if isinstance(parts[0], tuple) else ops.cat(parts)

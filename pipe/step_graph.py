@@ -25,7 +25,8 @@ from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire
 from pipe.schedules import EVERY
 
-__all__ = ["StepGraph", "check_supported", "updates_in_graph", "encode", "replica_rows"]
+__all__ = ["StepGraph", "check_supported", "refuse_tuples", "updates_in_graph", "encode",
+           "replica_rows"]
 
 F, B, I, W, SEND, RECV = range(6)
 CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
@@ -40,6 +41,13 @@ def check_supported(config, buffers):
     if buffers:
         raise ValueError("one_graph cannot run layers with buffers (batch norm): their statistics "
                          "are restored on the host after each backward; turn one_graph off")
+
+
+def refuse_tuples(config, tuples):
+    """The graph's messages carry one tensor each; `tuples`: a layer hands on a tuple."""
+    if tuples and config.one_graph:
+        raise ValueError("one_graph sends one tensor between stages, and a layer at a stage "
+                         "boundary returns a tuple: turn one_graph off (the loop carries tuples)")
 
 
 def encode(schedule, stage):

@@ -3,6 +3,7 @@
 Each stage holding it keeps a copy; the copies start equal (the same seed), and their
 gradients are summed over every rank holding one before every step, so they stay equal.
 """
+from pipe.builders import LayerBuilders
 from pipe.core.engine import sum_over
 from pipe.partition import whole_model_names
 
@@ -14,11 +15,13 @@ def tied_weights(model, bounds, params, ranks_of_stage):
     use (a tied embedding and output head). Each copy starts equal (same seed); summing their
     gradients over all copies before every step keeps them equal. They are all-reduced in
     the order of their whole-model names, the same on every rank; `ranks_of_stage(vs)`
-    lists the ranks (one per replica) that run virtual stage vs.
-    Every rank checks every tied weight of the whole model, so all refuse together."""
+    lists the ranks (one per replica) that run virtual stage vs. Every rank checks every
+    tied weight of the whole model (given as builders: of every layer built, the tied ones
+    among them), so all refuse together."""
     users = {}
     for vs, (first, last) in enumerate(bounds):
-        for layer in model[first:last]:
+        held = model.held(first, last) if isinstance(model, LayerBuilders) else model[first:last]
+        for layer in held:
             for p in layer.trainable_params():
                 users.setdefault(id(p), set()).add(vs)
     whole = whole_model_names(model)

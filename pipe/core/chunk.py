@@ -14,8 +14,10 @@ forward and backward, `extras` gives the layers' per-micro-batch inputs (dropout
 import mindspore as ms
 from mindspore import nn, ops
 
+from pipe.core.wire import spec_of
+
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
-           "KeepInput", "LayerGrad"]
+           "KeepInput", "LayerGrad", "arguments", "variable"]
 
 
 def is_plain_sequence(cell):
@@ -31,6 +33,18 @@ def leaves(cells):
     return out
 
 
+def arguments(x):
+    """What a layer is called with: a tuple is its positional arguments (DeepSpeed's
+    convention: `(hidden, mask)` into `construct(self, x, mask)`), a tensor the one."""
+    return x if isinstance(x, tuple) else (x,)
+
+
+def variable(x):
+    """A tuple as a compiled graph's input: marked mutable, else MindSpore takes it for a
+    constant, folding it in and giving no gradient at its elements."""
+    return ms.mutable(x) if isinstance(x, tuple) and x else x
+
+
 class KeepInput(nn.Cell):
     """(x, extras) -> (layer(x), (x,)): the output, and the residuals its backward reads."""
     keeps = 1
@@ -40,7 +54,7 @@ class KeepInput(nn.Cell):
         self.layer = layer
 
     def construct(self, x, extras):
-        return self.layer(x), (x,)
+        return self.layer(*arguments(x)), (x,)
 
 
 class Forward(nn.Cell):
@@ -67,23 +81,25 @@ class Forward(nn.Cell):
 
 
 class LayerGrad(nn.Cell):
-    """(x, dy) -> (dx, weight grads); without `input_grad` (the model's first layer) no dx."""
+    """(x, dy) -> (dx, weight grads); without `input_grad` (the model's first layer) no dx.
+    A tuple x gets a tuple dx (an element that is not float: zeros)."""
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
         self.layer = layer
         self.weights = ms.ParameterTuple(layer.trainable_params())
         self.input_grad = input_grad
-        self.grad = ops.GradOperation(get_all=input_grad, get_by_list=bool(self.weights),
-                                      sens_param=True)
+        self.grad = ops.GradOperation(get_all=input_grad or not self.weights,
+                                      get_by_list=bool(self.weights), sens_param=True)
 
     def construct(self, x, dy):
         if not self.weights:
-            return self.grad(self.layer)(x, dy)[0], ()
-        if not self.input_grad:
-            return dy, self.grad(self.layer, self.weights)(x, dy)
-        dx, dw = self.grad(self.layer, self.weights)(x, dy)
-        return dx[0], dw
+            dx, dw = self.grad(self.layer)(*arguments(x), dy), ()
+        elif not self.input_grad:
+            return dy, self.grad(self.layer, self.weights)(*arguments(x), dy)
+        else:
+            dx, dw = self.grad(self.layer, self.weights)(*arguments(x), dy)
+        return (dx if isinstance(x, tuple) else dx[0]), dw
 
 
 def gradient_positions(layers):
@@ -186,7 +202,7 @@ class Chunk:
     def forward(self, mb, x, labels=None):
         self.set_mode(True)
         extras = self.extras(mb, x)
-        out, residuals = self.forward_cell(x, self.labels(labels), self.grad_scale, extras)
+        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, extras)
         self.residuals[mb] = self.kept(x, labels, extras, residuals, out)
         return out[0] if self.is_last else out
 
@@ -200,14 +216,14 @@ class Chunk:
 
     def backward(self, mb, dy=None):
         residuals, start = self.restored(self.residuals.pop(mb))
-        dx, self.grads = self.backward_cell(start if self.is_last else dy, self.accumulators(),
-                                            *residuals)
+        dx, self.grads = self.backward_cell(variable(start if self.is_last else dy),
+                                            self.accumulators(), *map(variable, residuals))
         return dx
 
     def output_spec(self, x, labels=None):
         """(shape, dtype) of this chunk's output on `x` (the logits', on the model's last):
         one training forward, kept nowhere, which also compiles it."""
         self.set_mode(True)
-        out, _ = self.forward_cell(x, self.labels(labels), self.grad_scale, self.extras(None, x))
-        out = out[1] if self.is_last else out
-        return tuple(out.shape), out.dtype
+        out, _ = self.forward_cell(variable(x), self.labels(labels), self.grad_scale,
+                                   self.extras(None, x))
+        return spec_of(out[1] if self.is_last else out)

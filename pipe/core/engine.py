@@ -19,7 +19,7 @@ from mindspore import nn, ops
 from pipe.core.chunk import Chunk
 from pipe.core.place import Topology
 from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
-from pipe.core.wire import HEADER, PointToPoint, connect, read_header, write_header
+from pipe.core.wire import HEADER, PointToPoint, connect, example, read_header, spec_of, write_header
 
 __all__ = ["Engine", "MicroBatches", "split", "as_tensor", "sum_over", "clip_by_global_norm",
            "loss_share"]
@@ -39,6 +39,11 @@ class MicroBatches:
     @cached_property
     def labels(self):
         return [as_tensor(self.source[1][c]) for c in self.cut]
+
+    @property
+    def shapes(self):
+        """What the stages agree on anew when it changes between steps."""
+        return tuple(self.inputs[0].shape), tuple(self.labels[0].shape)
 
 
 def as_tensor(array):
@@ -110,7 +115,8 @@ class Engine:
         self.counted = [True] * len(params)   # adds its square to the global norm (once per weight)
         self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
-        self.p2p = None                  # this rank's messages, once the stages agree on shapes
+        self.p2p = None                  # this step's messages, once the stages agree on shapes
+        self.links = {}                  # batch shapes -> their messages (agreed once each)
         self.step = 0                    # optimizer steps taken
         self.inbox, self.outbox = {}, {}  # tensors in flight, by message key
         self.handlers = {"F": self.forward, "B": self.backward, "sF": self.send, "sB": self.send,
@@ -130,8 +136,9 @@ class Engine:
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
         batch = self.micro_batches(inputs, labels)
         self.step += 1
-        if self.p2p is None:
-            self.p2p = self.connect_stages(batch)
+        if batch.shapes not in self.links:   # a new shape: one small message per boundary
+            self.links[batch.shapes] = self.connect_stages(batch)
+        self.p2p = self.links[batch.shapes]
         for chunk in self.chunks:
             chunk.zero_grads()
         # Each micro-batch's backward starts from d loss / d logits x 1/(M x D), the chunks
@@ -213,13 +220,13 @@ class Engine:
         input's (shape, dtype) from the previous, runs its forward on it (compiling it) and
         tells the next its output's: `probe(chunk, virtual stage, spec)`, or None."""
         probe = probe or (lambda c, vs, spec: self.chunks[c].output_spec(
-            ops.ones(*spec), batch.labels[0]))
+            example(spec), batch.labels[0]))
         s, schedule, ranks = self.stage, self.schedule, self.topo.pipeline_ranks(self.replica)
         x, specs = batch.inputs[0], {}
         for c in range(schedule.chunks):
             vs = schedule.virtual_stage(s, c)
             if vs == 0:
-                specs[vs] = (tuple(x.shape), x.dtype)
+                specs[vs] = spec_of(x)
             elif not schedule.holds(s, vs - 1):  # (held: this stage's own output)
                 specs[vs] = read_header(self.wire.recv((HEADER,), ms.int32, ranks[
                     schedule.stage_of(vs - 1)], schedule.free_tag).asnumpy())

@@ -10,13 +10,14 @@ import mindspore as ms
 import numpy as np
 
 __all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint",
-           "write_header", "read_header"]
+           "Parts", "spec_of", "example", "write_header", "read_header"]
 
 # Every dtype a pipeline may send, and its numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
                ms.float64: np.float64, ms.int32: np.int32, ms.int64: np.int64}
 DTYPES = list(WIRE_DTYPES)      # a dtype travels in a header as its index here
-HEADER = 8                      # int32s: rank of the shape, dtype index, dims...
+PARTS, PART = 8, 8              # a tuple's most elements; int32s per (shape rank, dtype, dims)
+HEADER = 1 + PARTS * PART       # -1: nothing; 0: a tensor; n: a tuple of n. Then the parts.
 
 
 class SoloWire:
@@ -119,32 +120,72 @@ def connect(device):
     return wire if wire.size > 1 else SoloWire()
 
 
+class Parts(tuple):
+    """The spec of a tuple of tensors: one (shape, dtype) per element."""
+
+
+def spec_of(value):
+    """(shape, dtype) of a tensor; Parts of those of a tuple's elements."""
+    if isinstance(value, tuple):
+        return Parts(spec_of(v) for v in value)
+    return tuple(value.shape), value.dtype
+
+
+def example(spec):
+    """Ones of `spec`: what a stage's forward is first run on."""
+    return tuple(map(example, spec)) if isinstance(spec, Parts) else ms.ops.ones(*spec)
+
+
 def write_header(spec):
-    """(shape, dtype) as a fixed-size int32 array; None (nothing to say) as -1s."""
+    """A spec as a fixed-size int32 array; None (nothing to say) as -1s."""
     header = np.full(HEADER, -1, np.int32)
     if spec is not None:
-        shape, dtype = spec
-        header[:2 + len(shape)] = [len(shape), DTYPES.index(dtype), *shape]
+        parts = spec if isinstance(spec, Parts) else [spec]
+        if len(parts) > PARTS:
+            raise ValueError(f"a layer returns a tuple of {len(parts)} tensors; at most {PARTS} "
+                             "cross a stage boundary: return fewer")
+        header[0] = len(spec) if isinstance(spec, Parts) else 0
+        for k, (shape, dtype) in enumerate(parts):
+            header[1 + k * PART:3 + k * PART + len(shape)] = [len(shape), DTYPES.index(dtype), *shape]
     return header
 
 
 def read_header(header):
     if header[0] < 0:
         return None
-    return tuple(int(d) for d in header[2:2 + header[0]]), DTYPES[int(header[1])]
+    parts = [header[1 + k * PART:1 + (k + 1) * PART] for k in range(max(1, header[0]))]
+    specs = [(tuple(int(d) for d in p[2:2 + p[0]]), DTYPES[int(p[1])]) for p in parts]
+    return Parts(specs) if header[0] else specs[0]
 
 
 class PointToPoint:
     """One rank's pipeline messages, as the lowered schedule stamped them (peer, tag,
-    boundary). `ranks[peer]`: the peer stage's rank; `shapes[b]`: (shape, dtype) of what
-    crosses boundary b, the activation into virtual stage b or its gradient back."""
+    boundary). `ranks[peer]`: the peer stage's rank; `shapes[b]`: the spec of what crosses
+    boundary b, the activation into virtual stage b or its gradient back. A tuple travels
+    as one message per element, in order; an element that is not float (a mask, ids)
+    has no gradient: none travels back, the receiver puts zeros in its place."""
 
     def __init__(self, wire, pipeline_ranks, shapes):
         self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
 
-    def send(self, tensor, action):
-        self.wire.send(tensor, self.ranks[action.peer], action.tag)
+    def send(self, value, action):
+        spec = self.shapes[action.boundary]
+        for tensor, part in zip(_listed(value, spec), _listed(spec, spec)):
+            if _travels(part, action):
+                self.wire.send(tensor, self.ranks[action.peer], action.tag)
 
     def recv(self, action):
-        shape, dtype = self.shapes[action.boundary]
-        return self.wire.recv(shape, dtype, self.ranks[action.peer], action.tag)
+        spec = self.shapes[action.boundary]
+        got = [self.wire.recv(*part, self.ranks[action.peer], action.tag)
+               if _travels(part, action) else ms.ops.zeros(*part) for part in _listed(spec, spec)]
+        return tuple(got) if isinstance(spec, Parts) else got[0]
+
+
+def _listed(value, spec):
+    """`value` (a tensor or tuple of `spec`, or the spec itself) as a list of elements."""
+    return list(value) if isinstance(spec, Parts) else [value]
+
+
+def _travels(part, action):
+    """Activations all travel forward; only float elements' gradients travel back."""
+    return action.kind.endswith("F") or part[1].is_floating_point

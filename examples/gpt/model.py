@@ -1,0 +1,126 @@
+"""A small GPT over bytes, as layer builders for pipe, and its text.
+
+    ids (B, T) -> Embed -> (hidden, keep) -> L x Block -> (hidden, keep) -> Head -> logits
+
+Between layers travels a tuple: the hidden states and `keep`, an int32 mask that is 1 for
+a real byte and 0 for padding (sequences are padded to their bucket's length). Each layer
+takes the tuple as its arguments (`construct(self, x, keep)`); attention skips padded keys.
+The head's output matrix is the input embedding's table (`Tied(0, Head)`), kept equal on
+the two stages that hold a copy. The loss is (summed cross-entropy over real targets,
+their number): pipe divides the whole batch's sum by its count, one process's token mean.
+
+The text is Python's own documentation (`pydoc_data.topics`, shipped with every CPython),
+cut into paragraphs of at most `context` bytes and bucketed by length.
+"""
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from pipe.builders import Tied
+
+PAD, IGNORE, VOCAB = 0, -1, 256     # byte 0 never occurs in the text: it pads
+BUCKETS = (32, 64)                  # sequence lengths a batch is padded to
+
+
+class Embed(nn.Cell):
+    """ids -> (token + position embeddings, keep)."""
+
+    def __init__(self, width, context):
+        super().__init__()
+        self.token = nn.Embedding(VOCAB, width)
+        self.position = nn.Embedding(context, width)
+
+    def construct(self, ids):
+        keep = (ids != PAD).astype(ms.int32)
+        return self.token(ids) + self.position(ops.arange(ids.shape[1])), keep
+
+
+class Block(nn.Cell):
+    """(x, keep) -> (x, keep): pre-norm causal self-attention over the kept keys, then an MLP."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm((width,)), nn.LayerNorm((width,))
+        self.qkv, self.proj = nn.Dense(width, 3 * width), nn.Dense(width, width)
+        self.up, self.down = nn.Dense(width, 4 * width), nn.Dense(4 * width, width)
+
+    def construct(self, x, keep):
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = ops.split(self.qkv(self.norm1(x)), d, axis=-1)
+        q, k, v = [z.reshape(b, t, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v)]
+        allowed = ops.tril(ops.ones((t, t), ms.float32)) * keep.astype(ms.float32).reshape(b, 1, 1, t)
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(d // h) - (1 - allowed) * 1e9
+        y = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.down(ops.gelu(self.up(self.norm2(x)))), keep
+
+
+class Head(nn.Cell):
+    """(x, keep) -> logits over the bytes, from the input embedding's own table (or, with
+    no `embed`, a table of its own)."""
+
+    def __init__(self, width, embed=None):
+        super().__init__()
+        self.norm = nn.LayerNorm((width,))
+        self.table = embed.token.embedding_table if embed else nn.Embedding(VOCAB, width).embedding_table
+
+    def construct(self, x, keep):
+        return ops.matmul(self.norm(x), self.table.T)
+
+
+def gpt_layers(layers=4, width=64, heads=4, context=max(BUCKETS), tied=True):
+    """The model as one builder per layer: Embed, `layers` Blocks, and the Head, tied to
+    layer 0 (or, `tied` off, with its own table)."""
+    head = Tied(0, lambda embed: Head(width, embed)) if tied else (lambda: Head(width))
+    return ([lambda: Embed(width, context)] +
+            [lambda: Block(width, heads) for _ in range(layers)] + [head])
+
+
+class TokenLoss(nn.Cell):
+    """(logits, targets) -> (summed cross-entropy over targets that are not IGNORE, their count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cross_entropy = nn.CrossEntropyLoss(reduction="sum", ignore_index=IGNORE)
+
+    def construct(self, logits, targets):
+        total = self.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        return total, (targets != IGNORE).sum().astype(ms.float32)
+
+
+# ---- the text -----------------------------------------------------------------------------
+def paragraphs(context=max(BUCKETS)):
+    """Python's documentation as byte strings of 9 to context + 1 bytes (input and target)."""
+    from pydoc_data.topics import topics
+    out = []
+    for key in sorted(topics):
+        for text in topics[key].split("\n\n"):
+            data = " ".join(text.split()).encode("utf-8")
+            out += [data[i:i + context + 1] for i in range(0, len(data), context + 1)]
+    return [p for p in out if len(p) > 8]
+
+
+def pad(pieces, length):
+    """(ids, targets): each piece's bytes and the next byte, padded to `length`."""
+    ids = np.full((len(pieces), length), PAD, np.int32)
+    targets = np.full((len(pieces), length), IGNORE, np.int32)
+    for row, piece in enumerate(pieces):
+        data = np.frombuffer(piece, np.uint8).astype(np.int32)
+        ids[row, :len(data) - 1], targets[row, :len(data) - 1] = data[:-1], data[1:]
+    return ids, targets
+
+
+def batches(pieces, batch_size, seed):
+    """Endless (ids, targets) batches: each from one bucket, the pieces that fit it."""
+    rng = np.random.default_rng(seed)
+    buckets = {n: [p for p in pieces if len(p) - 1 <= n and (n == BUCKETS[0] or len(p) - 1 > n // 2)]
+               for n in BUCKETS}
+    sizes = np.array([len(buckets[n]) for n in BUCKETS], np.float64)
+    while True:
+        n = BUCKETS[rng.choice(len(BUCKETS), p=sizes / sizes.sum())]
+        chosen = rng.choice(len(buckets[n]), batch_size, replace=False)
+        yield pad([buckets[n][i] for i in chosen], n)

@@ -1,0 +1,20 @@
+"""The unsplit model of layers that hand tuples on: what one process trains.
+
+`nn.SequentialCell` passes each layer's output to the next as one argument. pipe follows
+DeepSpeed: a tuple output is the next layer's positional arguments (`(hidden, keep)` into
+`construct(self, x, keep)`). `Sequential` chains layers the same way, so the model pipe
+splits and the model one process runs are the same function. Its cells and their names
+are nn.SequentialCell's: checkpoints load into either.
+"""
+from mindspore import nn
+
+from pipe.core.chunk import arguments
+
+__all__ = ["Sequential"]
+
+
+class Sequential(nn.SequentialCell):
+    def construct(self, x):
+        for layer in self.cell_list:
+            x = layer(*arguments(x))
+        return x
