@@ -8,7 +8,7 @@ loss (pipe.normalized_loss), and with `RecomputedChunk` activation recomputation
 """
 from pipe.batchnorm import BatchNorm
 from pipe.core import chunk as core
-from pipe.core.chunk import variable
+from pipe.core.chunk import arguments
 from pipe.dropout import Dropout
 from pipe.memory import Held
 from pipe.normalized_loss import CountedLoss
@@ -46,7 +46,7 @@ class Chunk(CountedLoss, BatchNorm, SplitBackward, Dropout, ReluKeepsOutput, cor
     def infer(self, x):
         """Forward only, in eval mode, keeping nothing: the model's output on the last chunk."""
         self.set_mode(False)
-        return self.infer_cell(variable(x))
+        return self.infer_cell(*arguments(x))
 
 
 class RecomputedChunk(Recompute, Chunk):

@@ -178,7 +178,7 @@ def explain(chunk, spec, labels, error):
 def _words(spec):
     """A spec as a user reads it: `shape (4, 8) Float32`, or a tuple of those."""
     if isinstance(spec, Parts):
-        return "a tuple (" + ", ".join(map(words, spec)) + ")"
+        return "a tuple (" + ", ".join(map(_words, spec)) + ")"
     return f"shape {spec[0]} {spec[1]}"
 
 

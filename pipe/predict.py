@@ -19,7 +19,8 @@ class Infer(nn.Cell):
         self.layers = nn.CellList(layers)
 
     @ms.jit
-    def construct(self, x):
+    def construct(self, *x):   # a tuple as its elements (MindSpore takes a tuple for a constant)
+        x = x if len(x) > 1 else x[0]
         for layer in self.layers:
             x = layer(*arguments(x))
         return x

@@ -18,7 +18,7 @@ from mindspore import nn
 from pipe.deadlines import connect
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
-from user_layers import Attending, HiddenDropout, NoBackward, TiedHead
+from user_layers import Attending, HiddenDropout, Joining, NoBackward, TiedHead
 
 DEVICE = sys.argv[2] if len(sys.argv) > 2 else "CPU"
 ms.set_device(DEVICE)
@@ -42,6 +42,8 @@ EMBEDDING = nn.Embedding(8, 8)
 CASES = {
     "tuple": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), Attending(8),
                                                nn.Dense(8, 3)])),
+    "tuple-one-graph": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), Attending(8), Joining(8),
+                                                         nn.Dense(8, 3)]), one_graph=True),
     "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(8), nn.Dense(8, 3)])),
     "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
     "tied-zb-v": lambda: engine(tied(), schedule="zb-v"),
