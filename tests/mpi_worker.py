@@ -3,7 +3,8 @@
     mpiexec -n 4 python tests/mpi_worker.py '[[2, ["--stages", "2", "--save", "/tmp/a"]], ...]'
 
 A configuration is the example's flags (a list: examples/mnist/train.py) or a dict for
-tests/mlp_run.py, which drives the engine directly.
+tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py), which drives
+the engine directly.
 
 Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
@@ -23,6 +24,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "mnist"))
+import gpt_run  # noqa: E402
 import mlp_run  # noqa: E402
 import train  # noqa: E402
 from pipe.deadlines import DeadlineWire  # noqa: E402
@@ -45,7 +47,9 @@ def waves(configs, world):
 
 def run(flags, communicator):
     if isinstance(flags, dict):
-        engine, result = mlp_run.pipe_run(flags, communicator)
+        run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run}.get(
+            flags.get("model"), mlp_run.pipe_run)
+        engine, result = run_spec(flags, communicator)
         save = flags["save"]
     else:
         args = train.parse_args(flags)

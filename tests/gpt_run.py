@@ -1,0 +1,94 @@
+"""The GPT example's model (examples/gpt) trained by pipe and by one process.
+
+Between its stages travels a tuple (hidden states and an int32 padding mask, which has no
+gradient); the batches come in two sequence lengths (16, 8, then 16 again); the loss is
+(sum, count) over the real targets, which differ in number between micro-batches; with
+`tied`, the output head uses the input embedding's table. `plain_run` is MindSpore's own
+TrainOneStepCell over the unsplit model (pipe.sequential) and the batch's token mean.
+"""
+import importlib.util
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "gpt"))
+import model as gpt  # noqa: E402
+from pipe.builders import LayerBuilders  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.deadlines import DeadlineWire  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+
+SIZE = dict(layers=2, width=16, heads=2, context=16)
+BATCH, LENGTHS = 8, (16, 8, 16)       # the third step has the first's shapes again
+
+
+def batches(seed):
+    """Each step's (ids, targets): pieces of the text cut to random lengths, padded."""
+    rng = np.random.default_rng(seed)
+    pieces = [p for p in gpt.paragraphs(max(LENGTHS)) if len(p) == max(LENGTHS) + 1]
+    out = []
+    for n in LENGTHS:
+        chosen = rng.choice(len(pieces), BATCH, replace=False)
+        out.append(gpt.pad([pieces[i][:rng.integers(3, n + 2)] for i in chosen], n))
+    return out
+
+
+class TokenMean(nn.Cell):
+    """One process's loss: the whole batch's summed token loss over its count."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.loss = model, gpt.TokenLoss()
+
+    def construct(self, ids, targets):
+        total, count = self.loss(self.model(ids), targets)
+        return total / count
+
+
+def optimizer(params):
+    return nn.SGD(params, learning_rate=0.5)
+
+
+def plain_run(seed, tied):
+    """({whole-model parameter name: value}, every step's loss) of one plain process."""
+    model = LayerBuilders(gpt.gpt_layers(**SIZE, tied=tied), seed).whole()
+    names = [p.name for p in model.trainable_params()]     # (before a wrapper renames them)
+    step = nn.TrainOneStepCell(TokenMean(model), optimizer(model.trainable_params()))
+    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
+    return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}, losses
+
+
+class CountingEngine(PipelineEngine):
+    """PipelineEngine, counting how often the stages agree on shapes."""
+    agreed = 0
+
+    def connect_stages(self, batch, training=True):
+        self.agreed += 1
+        return super().connect_stages(batch, training)
+
+
+def pipe_run(spec, communicator):
+    """Train `spec` ({"config": PipelineConfig fields, "seed", "tied", "save"}) on the ranks
+    of `communicator`; saves the model after the last step. Returns the engine and this
+    rank's results: the losses, and how many shapes the stages agreed on."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
+    engine = CountingEngine(gpt.gpt_layers(**SIZE, tied=spec["tied"]), gpt.TokenLoss(), optimizer,
+                            config, DeadlineWire(120.0, communicator))
+    losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]
+    engine.save(spec["save"], len(LENGTHS))
+    return engine, {"losses": losses, "agreed": engine.agreed}
+
+
+def example_run(spec, communicator):
+    """examples/gpt/train.py with `spec["argv"]`, on the ranks of `communicator`."""
+    path = os.path.join(os.path.dirname(gpt.__file__), "train.py")
+    loaded = importlib.util.spec_from_file_location("gpt_train", path)
+    example = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(example)
+    return example.train(example.parse_args(spec["argv"]), DeadlineWire(120.0, communicator)), {}

@@ -1,0 +1,75 @@
+"""A transformer trains as one process would: the GPT example's model (examples/gpt) with a
+tuple between stages (hidden states and an int32 mask, no gradient), sequence lengths that
+change between steps, a (sum, count) loss whose counts differ per micro-batch, and a head
+tied to the input embedding, given as layer builders (tests/gpt_run.py).
+
+The pipelines run in the shared launch (conftest.trained); the reference is MindSpore's
+TrainOneStepCell over the unsplit model and the whole batch's token mean, in this process.
+"""
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from gpt_run import TokenMean, gpt, plain_run
+from launch import load, results
+from pipe.builders import LayerBuilders
+
+SEED = 11
+CONFIGS = {      # name: (ranks, config, tied); ZB-V's V puts the embedding and head on one rank
+    "gpt-1f1b-2x1-tied": (2, dict(stages=2, schedule="1f1b"), True),
+    "gpt-zb-v-2x1": (2, dict(stages=2, schedule="zb-v"), False),
+    "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v",
+                                      defer_wgrad=True), False),
+}
+EXAMPLE = ["--stages", "2", "--steps", "3", "--layers", "1", "--width", "16", "--batch-size", "8",
+           "--micro-batches", "2", "--sample", "0", "--seed", str(SEED)]
+
+
+def matrix(root):
+    configs = [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **config}, "tied": tied,
+                        "seed": SEED, "save": str(root / name)})
+               for name, (ranks, config, tied) in CONFIGS.items()]
+    return configs + [(2, {"model": "gpt-example", "argv": EXAMPLE + ["--save", str(root / "gpt-example")],
+                           "save": str(root / "gpt-example")})]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return {tied: plain_run(SEED, tied) for tied in (False, True)}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gpt_trains_like_one_process(trained, plain, name):
+    weights, losses = plain[CONFIGS[name][2]]
+    saved = load(trained / name / "model.ckpt")
+    assert sorted(saved) == sorted(weights)
+    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
+    assert worst < 2e-5, f"{name}: weights differ from one process by {worst}"
+    for rank, result in results(trained / name).items():
+        np.testing.assert_allclose(result["losses"], losses, rtol=1e-5, err_msg=f"rank {rank}")
+        assert result["agreed"] == 2, "the stages agree on each new shape once, not every step"
+
+
+def test_the_examples_checkpoint_loads_into_its_unsplit_model(trained):
+    """examples/gpt/train.py on 2 stages saves model.ckpt; it loads whole into the model one
+    process builds from the same builders, and equals that model trained there."""
+    argv = {k: v for k, v in zip(EXAMPLE[::2], EXAMPLE[1::2])}
+    layers = gpt.gpt_layers(int(argv["--layers"]), int(argv["--width"]))
+    model = LayerBuilders(layers, SEED).whole()
+    names = [p.name for p in model.trainable_params()]
+    start = {n: p.asnumpy().copy() for n, p in zip(names, model.trainable_params())}
+    step = ms.nn.TrainOneStepCell(TokenMean(model), ms.nn.Adam(model.trainable_params(), 3e-3))
+    stream = gpt.batches(gpt.paragraphs(), 8, SEED)
+    for _ in range(3):
+        step(*map(ms.Tensor, next(stream)))
+    trained_here = {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}
+    fresh = LayerBuilders(gpt.gpt_layers(int(argv["--layers"]), int(argv["--width"])), SEED).whole()
+    assert ms.load_param_into_net(fresh, ms.load_checkpoint(str(trained / "gpt-example" / "model.ckpt"))) == ([], [])
+    loaded = {p.name: p.asnumpy() for p in fresh.trainable_params()}
+    assert fresh[-1].table is fresh[0].token.embedding_table       # still one tied weight
+    assert all(not np.array_equal(loaded[n], start[n]) for n in ("2.table", "1.qkv.weight"))
+    worst = max(float(np.abs(loaded[n] - trained_here[n]).max()) for n in names)
+    assert worst < 1e-4, f"the example's checkpoint differs from one process by {worst}"
