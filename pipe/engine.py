@@ -56,6 +56,7 @@ class PipelineEngine(Engine):
         self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
+        self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
         self.predicting = {}             # predict's batch shapes -> (messages, output spec)
         self.counted_loss = False        # loss_fn returns (sum, count) (pipe.normalized_loss)
         self.micro_batches_per_step = config.micro_batches * config.data_parallel   # M x D
@@ -70,6 +71,7 @@ class PipelineEngine(Engine):
     # ---- the step's seams -------------------------------------------------------------
     def micro_batches(self, inputs, labels):
         batch = super().micro_batches(inputs, labels)
+        self.p2p = self.links.get(batch.shapes)     # None: new shapes, agreed before the step
         step_draws = draws(self.config, batch, self.step + 1)   # dropout masks (pipe.dropout)
         for chunk in self.chunks:
             chunk.draws = step_draws
@@ -153,6 +155,7 @@ class PipelineEngine(Engine):
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
             self.output_spec, counted, tuples = check.agree(self.wire, p2p.shapes, last)
         if training:
+            self.links[batch.shapes] = p2p
             self.counted_loss = counted
             refuse_in_graph(self.config, counted)
             refuse_tuples(self.config, tuples)

@@ -1,15 +1,9 @@
-"""One model chunk: a compiled forward that keeps each layer's input, and a compiled
-backward that runs layer by layer from those inputs, summing weight gradients.
-
-A chunk is the layers of one virtual stage (with one chunk per rank: the rank's stage).
-The forward keeps each layer's input, the tensors autograd would keep; the backward asks
-MindSpore for each layer's vector-Jacobian product at that input, in reverse, in one
-compiled graph. A layer whose gradient needs no forward output (Dense: dX = dY W^T,
-dW = dY^T X) is not run again: its forward is dead code there and the compiler drops it.
-
-Seams (pipe.chunk plugs features in): `keeps` and `layer_grad` wrap layer i for the
-forward and backward, `extras` gives the layers' per-micro-batch inputs (dropout masks),
-`kept` / `restored` choose what waits from a micro-batch's forward until its backward.
+"""One model chunk (the layers of a virtual stage): a compiled forward that keeps each
+layer's input, as autograd would, and a compiled backward that asks MindSpore for each
+layer's vector-Jacobian product at that input, in reverse, summing weight gradients. A
+Dense layer's forward is dead code there (dX = dY W^T, dW = dY^T X): the compiler drops it.
+Seams (pipe.chunk): `keeps` and `layer_grad` wrap layer i, `extras` gives per-micro-batch
+inputs (dropout masks), `kept` / `restored` choose what waits for the backward.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -34,14 +28,12 @@ def leaves(cells):
 
 
 def arguments(x):
-    """What a layer is called with: a tuple is its positional arguments (DeepSpeed's
-    convention: `(hidden, mask)` into `construct(self, x, mask)`), a tensor the one."""
+    """A layer's arguments: a tuple's elements (DeepSpeed's convention), or the one tensor."""
     return x if isinstance(x, tuple) else (x,)
 
 
 def variable(x):
-    """A tuple as a compiled graph's input: marked mutable, else MindSpore takes it for a
-    constant, folding it in and giving no gradient at its elements."""
+    """A tuple as a graph's input is mutable, or MindSpore folds it in as a constant."""
     return ms.mutable(x) if isinstance(x, tuple) and x else x
 
 
@@ -81,8 +73,7 @@ class Forward(nn.Cell):
 
 
 class LayerGrad(nn.Cell):
-    """(x, dy) -> (dx, weight grads); without `input_grad` (the model's first layer) no dx.
-    A tuple x gets a tuple dx (an element that is not float: zeros)."""
+    """(x, dy) -> (dx, weight grads), dx a tuple for a tuple x; no dx without `input_grad`."""
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
@@ -103,8 +94,7 @@ class LayerGrad(nn.Cell):
 
 
 def gradient_positions(layers):
-    """For each distinct parameter of `layers` (first use order), the positions of its
-    gradients in the per-layer gradient list: a weight two layers use gets both, summed."""
+    """Per distinct parameter, its gradients' positions in the layers' list (a shared one: 2)."""
     positions, k = {}, 0
     for layer in layers:
         for p in layer.trainable_params():
@@ -114,9 +104,7 @@ def gradient_positions(layers):
 
 
 def accumulate(accumulators, grads, positions):
-    """accumulators[u] + the gradients at positions[u], for every parameter u (unrolled).
-    The step's first backward passes no accumulators (an empty tuple, compiled as its own
-    graph) and gets the gradients themselves: nothing to zero, nothing to add."""
+    """accumulators[u] + the gradients at positions[u]; a step's first backward has none (())."""
     summed = ()
     for u in range(len(positions)):
         total = grads[positions[u][0]]
@@ -144,9 +132,7 @@ class Backward(nn.Cell):
 
 
 class Chunk:
-    """A slice of the model on this rank, with its micro-batches in flight and its gradients.
-    `forward` returns the activation for the next chunk (on the model's last: the loss),
-    `backward` the gradient for the previous one, adding the weight gradients to `grads`."""
+    """A slice of the model, its micro-batches in flight and its summed gradients (`grads`)."""
 
     def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
         self.layers = leaves(layers)
@@ -172,8 +158,7 @@ class Chunk:
         return make(self.layers[i], input_grad)
 
     def layer_grads(self, input_grad, make=LayerGrad):
-        """Every layer's backward, last first, each knowing its residual's index. The first
-        layer of the model needs no input gradient (`input_grad` False)."""
+        """Every layer's backward, last first, each knowing its residual's index."""
         grads = [self.layer_grad(i, input_grad or i > 0, make) for i in range(len(self.layers))]
         for grad, index in zip(grads, self.residual_of):
             grad.residual = index
@@ -221,8 +206,7 @@ class Chunk:
         return dx
 
     def output_spec(self, x, labels=None):
-        """(shape, dtype) of this chunk's output on `x` (the logits', on the model's last):
-        one training forward, kept nowhere, which also compiles it."""
+        """The spec of this chunk's output (logits) on `x`: one forward, which compiles it."""
         self.set_mode(True)
         out, _ = self.forward_cell(variable(x), self.labels(labels), self.grad_scale,
                                    self.extras(None, x))

@@ -25,8 +25,7 @@ class Config:
                              "positive finite number")
         per_step = self.data_parallel * self.micro_batches
         if self.batch_size % per_step:
-            raise ValueError(
-                f"batch_size={self.batch_size} cannot be split over data_parallel="
-                f"{self.data_parallel} replicas x micro_batches={self.micro_batches}: it must be "
-                f"a multiple of {per_step}; try batch_size="
-                f"{max(per_step, self.batch_size // per_step * per_step)}")
+            raise ValueError(f"batch_size={self.batch_size} cannot be split over data_parallel="
+                             f"{self.data_parallel} replicas x micro_batches={self.micro_batches}: "
+                             f"it must be a multiple of {per_step}; try batch_size="
+                             f"{max(per_step, self.batch_size // per_step * per_step)}")

@@ -3,9 +3,8 @@
     engine = Engine(model, loss_fn, make_optimizer, Config(stages=2, micro_batches=4, ...))
     loss = engine.train_step(inputs, labels)   # the global mini-batch, the same on every rank
 
-A step: cut the batch into micro-batches; run this stage's actions in order (receive ->
-forward -> send, receive -> backward -> send), the chunks summing weight gradients over
-micro-batches; sum them over the replicas; step. The schedule alone decides the order.
+A step: cut the batch; run this stage's actions in the schedule's order, the chunks summing
+weight gradients over micro-batches; sum them over the replicas; step.
 """
 import math
 from contextlib import nullcontext
@@ -42,7 +41,6 @@ class MicroBatches:
 
     @property
     def shapes(self):
-        """What the stages agree on anew when it changes between steps."""
         return tuple(self.inputs[0].shape), tuple(self.labels[0].shape)
 
 
@@ -51,8 +49,7 @@ def as_tensor(array):
 
 
 def split(config, inputs, labels, replica):
-    """Replica `replica`'s M micro-batches of the global batch: rows [r B/D, (r+1) B/D),
-    in M equal pieces (the last stage's loss of each is the mean over its rows)."""
+    """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
     M, D = config.micro_batches, config.data_parallel
     if len(inputs) != config.batch_size or len(labels) != len(inputs):
         raise ValueError(f"train_step got {len(inputs)} inputs and {len(labels)} labels; "
@@ -83,10 +80,8 @@ def sum_over(wire, grads, ranks):
 
 
 def clip_by_global_norm(wire, grads, counted, clip, world, replicas):
-    """Every gradient scaled by clip / max(norm, clip), `norm` the L2 norm of the whole
-    model's gradient (ops.clip_by_global_norm on one process): each rank adds the squares
-    it `counted` (a weight on several ranks: once), the world sums them, and the replicas,
-    holding the same gradients, count `replicas` times."""
+    """Every gradient x clip / max(norm, clip), `norm` the whole model's: each rank adds the
+    squares it `counted` (a weight on several: once), summed over the world / D replicas."""
     mine = [(g * g).sum() for g, count in zip(grads, counted) if count]
     squares = ops.stack(mine).sum().reshape(1) if mine else ops.zeros(1, ms.float32)
     norm = math.sqrt(float(wire.all_reduce(squares, world).asnumpy()[0]) / replicas)
@@ -94,14 +89,12 @@ def clip_by_global_norm(wire, grads, counted, clip, world, replicas):
 
 
 def loss_share(losses, micro_batches):
-    """A rank's share of the step's mean loss: its micro-batches' losses (on the last
-    stage) / M, as a 1-element tensor (0 on other stages)."""
+    """A rank's share of the step's mean loss: its micro-batches' losses / M (0 off the last stage)."""
     return (ops.stack(losses or [ops.zeros((), ms.float32)]).sum() / micro_batches).reshape(1)
 
 
 class Engine:
-    """Runs one rank's share of pipeline-parallel training of an nn.SequentialCell `model`.
-    `make_optimizer(params)` builds the optimizer over this rank's parameters."""
+    """One rank's share of training an nn.SequentialCell; `make_optimizer(params)`: its optimizer."""
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None):
         config.check()
@@ -115,8 +108,7 @@ class Engine:
         self.counted = [True] * len(params)   # adds its square to the global norm (once per weight)
         self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
-        self.p2p = None                  # this step's messages, once the stages agree on shapes
-        self.links = {}                  # batch shapes -> their messages (agreed once each)
+        self.p2p = None                  # this rank's messages, once the stages agree on shapes
         self.step = 0                    # optimizer steps taken
         self.inbox, self.outbox = {}, {}  # tensors in flight, by message key
         self.handlers = {"F": self.forward, "B": self.backward, "sF": self.send, "sB": self.send,
@@ -136,13 +128,11 @@ class Engine:
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
         batch = self.micro_batches(inputs, labels)
         self.step += 1
-        if batch.shapes not in self.links:   # a new shape: one small message per boundary
-            self.links[batch.shapes] = self.connect_stages(batch)
-        self.p2p = self.links[batch.shapes]
+        if self.p2p is None:
+            self.p2p = self.connect_stages(batch)
         for chunk in self.chunks:
             chunk.zero_grads()
-        # Each micro-batch's backward starts from d loss / d logits x 1/(M x D), the chunks
-        # sum M micro-batches, the all-reduce D replicas: the mean over the whole batch.
+        # Backwards start at d loss/d logits x 1/(M x D); summing M x D gives the batch mean.
         share = self.run_step(batch)
         self.update_weights()
         return self.mean_loss(share)
@@ -190,16 +180,15 @@ class Engine:
         self.hand_on(action, self.chunks[action.chunk].backward(action.mb, self.take(action, batch)), batch)
 
     def take(self, action, batch):
-        """The tensor `action` computes from: a micro-batch's input on virtual stage 0, the
-        loss gradient (None) on the last, else the received or handed-over one."""
+        """What `action` computes from: the input on virtual stage 0, else the one received or
+        handed over (on the last, the backward's None: the loss starts it)."""
         key = message_key(self.schedule, self.stage, action)
         if action.kind == "F" and key[2] == 0:
             return batch.inputs[action.mb]
         return self.inbox.pop(key, None)
 
     def hand_on(self, action, tensor, batch):
-        """To the next virtual stage (after F) or the previous one (after B): into its inbox
-        when this stage holds it too, else to the outbox for a send; the output to `batch`."""
+        """To the next (after F) or previous virtual stage: inbox if held here, else outbox."""
         kind = HANDS_ON[action.kind]
         to = self.schedule.virtual_stage(self.stage, action.chunk) + (1 if kind == "F" else -1)
         if to == self.schedule.virtual_stages:
@@ -216,9 +205,8 @@ class Engine:
 
     # ---- before the first step --------------------------------------------------------
     def connect_stages(self, batch, probe=None):
-        """Agree on what crosses each boundary: in virtual-stage order, each stage learns its
-        input's (shape, dtype) from the previous, runs its forward on it (compiling it) and
-        tells the next its output's: `probe(chunk, virtual stage, spec)`, or None."""
+        """Agree on what crosses each boundary: in virtual-stage order, a stage learns its input's
+        spec, runs its forward on it and tells the next its output's (`probe`, or None)."""
         probe = probe or (lambda c, vs, spec: self.chunks[c].output_spec(
             example(spec), batch.labels[0]))
         s, schedule, ranks = self.stage, self.schedule, self.topo.pipeline_ranks(self.replica)

@@ -22,11 +22,10 @@ class Topology:
         """Fail fast, identically on every rank, when the launcher started the wrong number."""
         n = self.stages * self.data_parallel
         if world_size != n:
-            raise ValueError(
-                f"the launcher started {world_size} processes but stages={self.stages} x "
-                f"data_parallel={self.data_parallel} = {n}: launch with -n {n} (mpiexec) or "
-                f"--worker_num={n} (msrun), or change stages and data_parallel so that their "
-                f"product is {world_size}")
+            raise ValueError(f"the launcher started {world_size} processes but stages={self.stages}"
+                             f" x data_parallel={self.data_parallel} = {n}: launch with -n {n} "
+                             f"(mpiexec) or --worker_num={n} (msrun), or change stages and "
+                             f"data_parallel so that their product is {world_size}")
 
     def stage_of(self, rank):
         return rank % self.stages

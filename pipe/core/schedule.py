@@ -8,17 +8,15 @@ from dataclasses import dataclass, field, replace
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "lower", "message_key", "message_tag"]
 
-# The tensor each compute action hands on: an activation (F) or a gradient (B). I, the
-# input-only half of a split backward (pipe.schedules), hands on a gradient as B does.
+# What a compute action hands on: an activation (F) or a gradient (B; I, pipe.schedules' half B).
 HANDS_ON = {"F": "F", "B": "B", "I": "B"}
 
 
 @dataclass(frozen=True)
 class Action:
-    """One thing a stage does: `F3` (forward of micro-batch 3), `B3:1` (its backward on the
-    stage's chunk 1), `sF3` / `rF3` (send / receive its activation), `sB3` / `rB3` (its
-    gradient) to or from stage `peer`. `lower()` stamps each message with its wire `tag`
-    and the `boundary` it crosses (into virtual stage b, or back out of it)."""
+    """One thing a stage does: `F3` (forward of micro-batch 3), `B3:1` (its backward on chunk
+    1), `sF3` / `rF3` (send / receive its activation), `sB3` / `rB3` (its gradient) to or from
+    stage `peer`, with its wire `tag` and the `boundary` it crosses (into virtual stage b)."""
 
     kind: str
     mb: int
@@ -38,8 +36,7 @@ class Action:
 
 @dataclass
 class Schedule:
-    """Per-stage action lists for P stages, M micro-batches and v model chunks per stage.
-    Stage s's chunk c is virtual stage c*P + s (with v=1, simply stage s)."""
+    """Action lists for P stages, M micro-batches; stage s's chunk c is virtual stage c*P + s."""
 
     name: str
     stages: int
@@ -58,8 +55,7 @@ class Schedule:
         return chunk * self.stages + stage
 
     def holds(self, stage, virtual_stage):
-        """Whether `virtual_stage` exists and runs on `stage`: a neighbour there is handed
-        its tensor directly, with no message."""
+        """Whether `virtual_stage` runs on `stage` (a neighbour there: no message)."""
         return 0 <= virtual_stage < self.virtual_stages and self.stage_of(virtual_stage) == stage
 
     @property
@@ -106,9 +102,8 @@ def one_f_one_b(stages, micro_batches):
 
 
 def message_key(schedule, stage, action):
-    """The one name of a tensor in flight: (F for an activation or B for a gradient,
-    micro-batch, the virtual stage that takes it), for the tensor a send carries or a
-    receive or compute takes. A send and a receive match exactly when their keys are equal."""
+    """The one name of a tensor in flight, sent, received or computed from: (F for an
+    activation or B for a gradient, micro-batch, the virtual stage that takes it)."""
     vs = schedule.virtual_stage(stage, action.chunk)
     to = {"sF": vs + 1, "sB": vs - 1}.get(action.kind, vs)
     return HANDS_ON.get(action.kind, action.kind[-1]), action.mb, to
@@ -140,13 +135,11 @@ def _messages(schedule, stage, action):
 
 
 def lower(schedule):
-    """Insert the sends and receives around the compute actions. With blocking messages
-    their order decides whether neighbours hang sending to each other, so the schedule is
-    played once, logically, and each stage's messages written down in the order in which
-    they pair up: the lowered schedule cannot deadlock, whatever the timing. When every
-    stage is stuck, one with only sends left computes on and sends later (interleaved
-    schedules need this); the stage that has computed least goes first (ZB-V needs this).
-    """
+    """Insert the sends and receives around the compute actions. Blocking messages hang if
+    misordered, so the schedule is played once and each stage's messages written down in
+    the order they pair up: it cannot deadlock, whatever the timing. When all are stuck, a
+    stage with only sends left computes on (interleaved schedules need this); the one that
+    has computed least goes first (ZB-V needs this)."""
     compute = schedule.actions
     stages = range(len(compute))
     out = [[] for _ in stages]

@@ -1,8 +1,6 @@
-"""The wire: send and receive by peer and tag, and all-reduce, between ranks.
-
-`MindSporeWire` (GPU, Ascend, under `msrun`): ops.Send / Receive / AllReduce over NCCL or
-HCCL. `MpiWire` (CPU, where MindSpore has no Send/Receive): mpi4py under `mpiexec`, its
-sends synchronous as NCCL's are, so an order that could hang on GPUs hangs on CPU too.
+"""The wire: send and receive by peer and tag, and all-reduce, between ranks: MindSpore's
+ops over NCCL or HCCL (`msrun`), or on CPU, which has no Send/Receive, mpi4py (`mpiexec`),
+its sends synchronous as NCCL's: an order that could hang on GPUs hangs on CPU too.
 """
 import os
 
@@ -16,8 +14,7 @@ __all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "Po
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
                ms.float64: np.float64, ms.int32: np.int32, ms.int64: np.int64}
 DTYPES = list(WIRE_DTYPES)      # a dtype travels in a header as its index here
-PARTS, PART = 8, 8              # a tuple's most elements; int32s per (shape rank, dtype, dims)
-HEADER = 1 + PARTS * PART       # -1: nothing; 0: a tensor; n: a tuple of n. Then the parts.
+HEADER = 64                     # int32s in a spec's header (write_header)
 
 
 class SoloWire:
@@ -30,8 +27,7 @@ class SoloWire:
 
 
 class MpiWire:
-    """mpi4py on CPU; tensors travel as numpy arrays. `communicator` (default: all
-    processes) lets one launch host several pipelines."""
+    """mpi4py on CPU; `communicator` (default: all) lets one launch host several pipelines."""
 
     def __init__(self, communicator=None):
         from mpi4py import MPI
@@ -112,8 +108,7 @@ class MindSporeWire:
 
 
 def connect(device):
-    """This process's wire on `device` (MindSpore's device target): MindSpore's on
-    GPU/Ascend in a job `msrun` started (it sets MS_WORKER_NUM), mpi4py's on CPU."""
+    """This process's wire: MindSpore's on GPU/Ascend under `msrun` (MS_WORKER_NUM), else mpi4py."""
     if device != "CPU":
         return MindSporeWire() if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
     wire = MpiWire()
@@ -136,56 +131,45 @@ def example(spec):
     return tuple(map(example, spec)) if isinstance(spec, Parts) else ms.ops.ones(*spec)
 
 
+def elements(spec):
+    """A spec's (shape, dtype) per tensor: one for a tensor."""
+    return list(spec) if isinstance(spec, Parts) else [spec]
+
+
 def write_header(spec):
-    """A spec as a fixed-size int32 array; None (nothing to say) as -1s."""
-    header = np.full(HEADER, -1, np.int32)
-    if spec is not None:
-        parts = spec if isinstance(spec, Parts) else [spec]
-        if len(parts) > PARTS:
-            raise ValueError(f"a layer returns a tuple of {len(parts)} tensors; at most {PARTS} "
-                             "cross a stage boundary: return fewer")
-        header[0] = len(spec) if isinstance(spec, Parts) else 0
-        for k, (shape, dtype) in enumerate(parts):
-            header[1 + k * PART:3 + k * PART + len(shape)] = [len(shape), DTYPES.index(dtype), *shape]
-    return header
+    """A spec as HEADER int32s: -1 (None: nothing to say), 0 (a tensor) or a tuple's length,
+    then per tensor its rank, dtype index and dims; -1s after."""
+    body = [-1] if spec is None else [len(spec) if isinstance(spec, Parts) else 0]
+    for shape, dtype in elements(spec) if spec is not None else []:
+        body += [len(shape), DTYPES.index(dtype), *shape]
+    if len(body) > HEADER:
+        raise ValueError(f"a stage boundary carries {spec}: too many tensors for its header")
+    return np.array(body + [-1] * (HEADER - len(body)), np.int32)
 
 
 def read_header(header):
-    if header[0] < 0:
-        return None
-    parts = [header[1 + k * PART:1 + (k + 1) * PART] for k in range(max(1, header[0]))]
-    specs = [(tuple(int(d) for d in p[2:2 + p[0]]), DTYPES[int(p[1])]) for p in parts]
-    return Parts(specs) if header[0] else specs[0]
+    parts, k = [], 1
+    for _ in range(max(1, header[0])):
+        parts.append((tuple(int(d) for d in header[k + 2:k + 2 + header[k]]), DTYPES[int(header[k + 1])]))
+        k += 2 + header[k]
+    return None if header[0] < 0 else Parts(parts) if header[0] else parts[0]
 
 
 class PointToPoint:
-    """One rank's pipeline messages, as the lowered schedule stamped them (peer, tag,
-    boundary). `ranks[peer]`: the peer stage's rank; `shapes[b]`: the spec of what crosses
-    boundary b, the activation into virtual stage b or its gradient back. A tuple travels
-    as one message per element, in order; an element that is not float (a mask, ids)
-    has no gradient: none travels back, the receiver puts zeros in its place."""
+    """One rank's messages (peer, tag, boundary b; `shapes[b]`: the spec crossing b). A tuple
+    goes as a message per element; a non-float one (a mask) has no gradient: zeros arrive."""
 
     def __init__(self, wire, pipeline_ranks, shapes):
         self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
 
     def send(self, value, action):
         spec = self.shapes[action.boundary]
-        for tensor, part in zip(_listed(value, spec), _listed(spec, spec)):
-            if _travels(part, action):
+        for tensor, (_, dtype) in zip(value if isinstance(spec, Parts) else [value], elements(spec)):
+            if action.kind == "sF" or dtype.is_floating_point:
                 self.wire.send(tensor, self.ranks[action.peer], action.tag)
 
     def recv(self, action):
         spec = self.shapes[action.boundary]
-        got = [self.wire.recv(*part, self.ranks[action.peer], action.tag)
-               if _travels(part, action) else ms.ops.zeros(*part) for part in _listed(spec, spec)]
-        return tuple(got) if isinstance(spec, Parts) else got[0]
-
-
-def _listed(value, spec):
-    """`value` (a tensor or tuple of `spec`, or the spec itself) as a list of elements."""
-    return list(value) if isinstance(spec, Parts) else [value]
-
-
-def _travels(part, action):
-    """Activations all travel forward; only float elements' gradients travel back."""
-    return action.kind.endswith("F") or part[1].is_floating_point
+        got = tuple(self.wire.recv(*part, self.ranks[action.peer], action.tag) if action.kind == "rF"
+                    or part[1].is_floating_point else ms.ops.zeros(*part) for part in elements(spec))
+        return got if isinstance(spec, Parts) else got[0]
