@@ -8,19 +8,28 @@ TrainOneStepCell over the unsplit model (pipe.sequential) and the batch's token 
 """
 import importlib.util
 import os
-import sys
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples", "gpt"))
-import model as gpt  # noqa: E402
-from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.config import PipelineConfig  # noqa: E402
-from pipe.deadlines import DeadlineWire  # noqa: E402
-from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.builders import LayerBuilders
+from pipe.config import PipelineConfig
+from pipe.deadlines import DeadlineWire
+from pipe.engine import PipelineEngine
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gpt")
+
+
+def load_example(name, file):
+    """A module of examples/gpt, by path: `model` and `train` are names other examples use too."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLE, file))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpt = load_example("gpt_model", "model.py")
 
 SIZE = dict(layers=2, width=16, heads=2, context=16)
 BATCH, LENGTHS = 8, (16, 8, 16)       # the third step has the first's shapes again
@@ -87,8 +96,5 @@ def pipe_run(spec, communicator):
 
 def example_run(spec, communicator):
     """examples/gpt/train.py with `spec["argv"]`, on the ranks of `communicator`."""
-    path = os.path.join(os.path.dirname(gpt.__file__), "train.py")
-    loaded = importlib.util.spec_from_file_location("gpt_train", path)
-    example = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(example)
+    example = load_example("gpt_train", "train.py")
     return example.train(example.parse_args(spec["argv"]), DeadlineWire(120.0, communicator)), {}

@@ -6,7 +6,7 @@ import pytest
 from mindspore import nn
 
 from mlp_run import LOSS, layer_builders
-from pipe.builders import LayerBuilders
+from pipe.builders import LayerBuilders, Tied
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from pipe.partition import whole_model_names
@@ -41,10 +41,8 @@ EMBEDDING = nn.Embedding(32, 4)     # made outside the builders, then captured b
 
 
 BUILT_ELSEWHERE = ("a builder makes its layer's weights when called, so build the layer inside "
-                   "it. A weight shared by two layers (a tied embedding and output head) cannot "
-                   "be given as builders: each rank builds only its own layers, and each copy "
-                   "would train on its own; give such a model as an nn.SequentialCell, whose "
-                   "tied weights pipe keeps equal")
+                   "it. A weight shared by two layers (a tied embedding and output head) is given "
+                   "as pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 
 
 @pytest.mark.parametrize("model,config,error,message", [
@@ -57,6 +55,9 @@ BUILT_ELSEWHERE = ("a builder makes its layer's weights when called, so build th
     (layer_builders(), {"partition": "parameters"}, ValueError,
      "partition='parameters' weighs every layer, which a model given as layer builders does "
      "not build on every rank; use partition='uniform' or explicit layer counts per stage"),
+    ([lambda: nn.Dense(4, 4), Tied(1, TiedHead)], {}, ValueError,
+     "layer builder 1 is Tied to layer 1, which is not an earlier layer: give the index of a "
+     "layer before 1"),
     ([lambda: nn.Dense(4, 4), lambda: "dense"], {}, TypeError,
      "layer builder 1 returned a str, not an nn.Cell: each builder returns one layer"),
     ([nn.Dense(4, 4)], {}, TypeError,

@@ -12,6 +12,7 @@ the whole batch. At the end it prints a short sample, generated with `engine.pre
 import os
 import shutil
 import sys
+import time
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 
@@ -79,11 +80,13 @@ def train(args, wire=None):
         f"stage {engine.layout.all_bounds}; text: Python's documentation, {len(pieces)} "
         f"paragraphs, {sum(map(len, pieces))} bytes")
     stream = model.batches(pieces, args.batch_size, args.seed)
+    start = time.perf_counter()
     for step in range(1, args.steps + 1):
         ids, targets = next(stream)
         loss = engine.train_step(ids, targets)
         if step % args.log_every == 0 or step == 1:
             say(f"step {step:5d}  length {ids.shape[1]:3d}  loss {loss:.4f}", flush=True)
+    say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
         engine.save(args.save, args.steps)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
