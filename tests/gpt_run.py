@@ -8,6 +8,7 @@ TrainOneStepCell over the unsplit model (pipe.sequential) and the batch's token 
 """
 import importlib.util
 import os
+import sys
 
 import mindspore as ms
 import numpy as np
@@ -22,9 +23,10 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def load_example(name, file):
-    """A module of examples/gpt, by path: `model` and `train` are names other examples use too."""
+    """A module of examples/gpt, by path: `model` and `train` are names other examples use
+    too. Registered in sys.modules, where MindSpore's compiler looks for a layer's module."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLE, file))
-    module = importlib.util.module_from_spec(spec)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
