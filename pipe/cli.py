@@ -5,8 +5,9 @@ import os
 import sys
 
 from pipe.config import as_flags
+from pipe.schedules import SCHEDULES
 
-__all__ = ["Parser", "positive_int", "existing_file", "run"]
+__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -31,6 +32,16 @@ def existing_file(text):
     if not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     return text
+
+
+def add_layout_flags(parser, batch_size):
+    """The flags of a run's layout, as every example names them: --stages, --data-parallel,
+    --micro-batches, --batch-size (the global mini-batch) and --schedule."""
+    parser.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
+    parser.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
+    parser.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size, help="global mini-batch B")
+    parser.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
 
 
 def run(main):

@@ -1,4 +1,5 @@
-"""The schedules train the same weights as one process, for P in {2,3,4} and M = P or 2P.
+"""The schedules train the same weights as one process, for P in {2,4} and M = P or 2P
+(P = 3 is in the simulator's tables and the CNN's ZB-H1 3x1).
 
 The matrix trains in the one mpiexec launch this module shares with
 tests/test_transparency.py (conftest.trained). The reference is one process training the whole batch at once; interleaved 1F1B, ZB-V and
@@ -15,8 +16,8 @@ FLAGS = ["--data", "synthetic", "--hidden", "16", "--batch-size", "48", "--steps
          "--seed", "3", "--optimizer", "sgd", "--lr", "0.1", "--no-eval"]
 SCHEDULES = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]   # GPipe: test_transparency
 SIZES = {"1f1b": [(4, 8)],                        # its P x D layouts at M=4: test_transparency
-         "dualpipe-v": [(2, 4), (3, 6), (4, 8)]}   # M >= 2P
-CASES = [(s, p, m) for s in SCHEDULES for p, m in SIZES.get(s, [(2, 2), (3, 6), (4, 8)])]  # M = P, 2P
+         "dualpipe-v": [(2, 4), (4, 8)]}   # M >= 2P
+CASES = [(s, p, m) for s in SCHEDULES for p, m in SIZES.get(s, [(2, 2), (4, 8)])]  # M = P, 2P
 
 
 def depth(schedule):

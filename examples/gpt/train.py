@@ -22,19 +22,14 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
-from pipe.cli import Parser, positive_int, run  # noqa: E402
+from pipe.cli import Parser, add_layout_flags, positive_int, run  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.schedules import SCHEDULES  # noqa: E402
 
 
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
-    p.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
-    p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="global mini-batch B")
-    p.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
+    add_layout_flags(p, batch_size=32)
     p.add_argument("--defer-wgrad", action="store_true", help="weight gradients once per step")
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
     p.add_argument("--width", type=positive_int, default=64, help="model width (4 heads)")

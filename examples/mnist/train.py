@@ -24,10 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, add_layout_flags, positive_int  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
-from pipe.schedules import SCHEDULES  # noqa: E402
 
 
 def _positive(text):
@@ -46,11 +45,7 @@ def _probability(text):
 
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
-    p.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
-    p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="global mini-batch B")
-    p.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
+    add_layout_flags(p, batch_size=64)
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
