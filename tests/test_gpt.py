@@ -22,9 +22,10 @@ CONFIGS = {      # name: (ranks, config); untied: ZB-V's V puts the embedding an
     "gpt-zb-v-2x1": (2, dict(stages=2, schedule="zb-v")),
     "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True)),
 }
-# 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 3 steps.
+# 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 3 steps, then
+# 2 bytes sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "3", "--layers", "1", "--width", "16", "--batch-size", "8",
-           "--micro-batches", "2", "--sample", "0", "--seed", str(SEED)]
+           "--micro-batches", "2", "--sample", "2", "--seed", str(SEED)]
 
 
 def matrix(root):
