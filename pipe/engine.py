@@ -26,7 +26,7 @@ from pipe.layout import plan
 from pipe.normalized_loss import refuse_in_graph, to_token_mean
 from pipe.schedules import micro_batches_of
 from pipe.step_graph import StepGraph, refuse_tuples, replica_rows, updates_in_graph
-from pipe.tied import sum_gradients
+from pipe.tied import fold_repeats, sum_gradients
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -108,6 +108,8 @@ class PipelineEngine(Engine):
 
     def reduce(self, grads):
         """Over the replicas, and a tied weight's over every rank that holds a copy."""
+        if self.layout.repeats:          # a weight two of this rank's chunks hold: summed
+            grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
         with self.span("all-reduce"):
             return sum_gradients(self.wire, grads, self.topo.data_parallel_ranks(self.stage),
                                  self.layout.tied)

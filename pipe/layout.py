@@ -48,7 +48,16 @@ class Layout:
 
     @cached_property                     # (the chunks are fixed: read every step)
     def params(self):
-        return [p for chunk in self.chunks for p in chunk.params]
+        """This rank's parameters, each once (a weight two of its chunks hold: once)."""
+        return list({id(p): p for chunk in self.chunks for p in chunk.params}.values())
+
+    @cached_property
+    def repeats(self):
+        """For the chunks' gradients in order, each one's index in `params`; None when no
+        weight is held by two chunks of this rank (the V's embedding and tied head)."""
+        index = {id(p): k for k, p in enumerate(self.params)}
+        positions = [index[id(p)] for chunk in self.chunks for p in chunk.params]
+        return positions if len(positions) > len(self.params) else None
 
     @cached_property
     def buffers(self):
@@ -127,7 +136,7 @@ def build_layout(model, loss_fn, config, rank, costs):
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
-    params = [p for chunk in chunks for p in chunk.params]
+    params = list({id(p): p for chunk in chunks for p in chunk.params}.values())
     tied = tied_weights(
         model, all_bounds, params,
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])

@@ -134,9 +134,11 @@ def _rows(waiting):
 
 def updates_in_graph(layout):
     """Whether the optimizer can step inside the graph: its gradients are final there, with
-    no all-reduce (over replicas, tied copies or the global norm) between."""
+    no all-reduce (over replicas, tied copies or the global norm) or sum of a weight two
+    chunks hold between."""
     config = layout.config
-    return config.data_parallel == 1 and not layout.tied and not config.clip_grad_norm
+    return (config.data_parallel == 1 and not layout.tied and not layout.repeats
+            and not config.clip_grad_norm)
 
 
 class StepGraph(nn.Cell):

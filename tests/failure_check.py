@@ -33,11 +33,6 @@ def engine(model, **config):
                                          **config), WIRE)
 
 
-def tied():
-    embedding = nn.Embedding(8, 8)
-    return nn.SequentialCell([embedding, nn.Dense(8, 8), nn.Dense(8, 8), TiedHead(embedding)])
-
-
 EMBEDDING = nn.Embedding(8, 8)
 CASES = {
     "tuple": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), Attending(8),
@@ -46,7 +41,6 @@ CASES = {
                                                          nn.Dense(8, 3)]), one_graph=True),
     "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(8), nn.Dense(8, 3)])),
     "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
-    "tied-zb-v": lambda: engine(tied(), schedule="zb-v"),
     "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),
 }
 if sys.argv[1] == "during":

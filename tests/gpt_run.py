@@ -2,9 +2,10 @@
 
 Between its stages travels a tuple (hidden states and an int32 padding mask, which has no
 gradient); the batches come in two sequence lengths (16, 8, then 16 again); the loss is
-(sum, count) over the real targets, which differ in number between micro-batches. The head
-has its own table here (the example's tied head: `example_run`). `plain_run` is MindSpore's
-own TrainOneStepCell over the unsplit model (pipe.sequential) and the batch's token mean.
+(sum, count) over the real targets, which differ in number between micro-batches; the head
+uses the input embedding's table (under ZB-V, two chunks of one rank hold it). `plain_run`
+is MindSpore's own TrainOneStepCell over the unsplit model (pipe.sequential) and the
+batch's token mean.
 """
 import importlib.util
 import os
@@ -66,7 +67,7 @@ def optimizer(params):
 
 def plain_run(seed):
     """({whole-model parameter name: value}, every step's loss) of one plain process."""
-    model = LayerBuilders(gpt.gpt_layers(**SIZE, tied=False), seed).whole()
+    model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
     names = [p.name for p in model.trainable_params()]     # (before a wrapper renames them)
     step = nn.TrainOneStepCell(TokenMean(model), optimizer(model.trainable_params()))
     losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
@@ -89,7 +90,7 @@ def pipe_run(spec, communicator):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
-    engine = CountingEngine(gpt.gpt_layers(**SIZE, tied=False), gpt.TokenLoss(), optimizer,
+    engine = CountingEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer,
                             config, DeadlineWire(120.0, communicator))
     losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]
     engine.save(spec["save"], len(LENGTHS))

@@ -18,7 +18,7 @@ from launch import load, results
 from pipe.builders import LayerBuilders
 
 SEED = 11
-CONFIGS = {      # name: (ranks, config); untied: ZB-V's V puts the embedding and head on one rank
+CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the tied head on rank 0
     "gpt-zb-v-2x1": (2, dict(stages=2, schedule="zb-v")),
     "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True)),
 }

@@ -104,7 +104,7 @@ class Engine:
         self.topo.check_world_size(self.wire.size)
         self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
         self.schedule, self.chunks = self.build(model, loss_fn)
-        params = [p for chunk in self.chunks for p in chunk.params]
+        params = list({id(p): p for chunk in self.chunks for p in chunk.params}.values())
         self.counted = [True] * len(params)   # adds its square to the global norm (once per weight)
         self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
