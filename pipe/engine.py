@@ -152,7 +152,7 @@ class PipelineEngine(Engine):
         """Core's walk, with every stage's forward checked (pipe.handshake)."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, batch.labels[0],
-                               self.wire.dtypes, training)
+                               self.wire.dtypes, training, runs=1 if self.links else 2)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
             self.output_spec, counted, tuples = check.agree(self.wire, p2p.shapes, last)

@@ -47,12 +47,13 @@ class Failure(NamedTuple):
 
 
 # ---- one chunk's forward, run before the first step -----------------------------------
-def probe(chunk, x, labels, training=True):
+def probe(chunk, x, labels, training=True, runs=2):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
-    leaving the buffers as they were; returns the (shape, dtype) of its output (on the
-    model's last chunk, the logits'), and whether its loss is a (sum, count) pair
-    (pipe.normalized_loss). A training forward runs twice: if they differ, `RandomLayer`
-    names the layer. (`predict` probes in eval mode, with no loss.)"""
+    leaving the buffers as they were; returns the spec of its output (on the model's last
+    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.normalized_loss).
+    A training forward runs `runs` times, twice before the first step: if they differ,
+    `RandomLayer` names the layer; a later shape (the layers are the same) runs once, so a
+    new shape costs its compile. (`predict` probes in eval mode, with no loss.)"""
     chunk.set_mode(training)
     if not training:
         return spec_of(chunk.infer(x)), False
@@ -60,8 +61,8 @@ def probe(chunk, x, labels, training=True):
     with chunk.buffers_kept():
         masks = chunk.extras(None, x)
         runs = [chunk.forward_cell(variable(x), labels, chunk.grad_scale, masks)[0]
-                for _ in range(2)]
-    if not _same(*runs):
+                for _ in range(runs)]
+    if not _same(runs[0], runs[-1]):
         raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
                           "of its forward on the same input differ, and pipe's backward "
                           "runs it again, drawing others; make each dropout an nn.Dropout "
@@ -218,9 +219,9 @@ class StageCheck:
     """Core's `connect_stages` probe, keeping this rank's first failure, and `agree`, which
     fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage."""
 
-    def __init__(self, chunks, bounds, labels, carried, training=True):
+    def __init__(self, chunks, bounds, labels, carried, training=True, runs=2):
         self.chunks, self.bounds, self.labels = chunks, bounds, labels
-        self.carried, self.training = carried, training
+        self.carried, self.training, self.runs = carried, training, runs
         self.failure, self.counted = None, False    # counted: the loss is (sum, count)
 
     def probe(self, c, vs, spec):
@@ -234,7 +235,7 @@ class StageCheck:
             return None
         since, chunk = time.time(), self.chunks[c]
         try:
-            out, counted = probe(chunk, example(spec), self.labels, self.training)
+            out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
             self.counted = self.counted or counted
             return out
         except Exception as error:           # the user's model: any exception is its error
