@@ -146,11 +146,11 @@ def test_resume_on_another_layout_equals_an_uninterrupted_run(saved, tmp_path):
     ends where an uninterrupted run of the new layout does."""
     sgd = [*SMALL, *SGD, "--steps", 4]
     interleaved = ["--stages", 2, "--data-parallel", 2, "--schedule", "interleaved-1f1b"]
-    three_by_two = ["--stages", 3, "--data-parallel", 2, "--micro-batches", 2]
+    three_stages = ["--stages", 3, "--micro-batches", 2]
     runs = {"adam-resumed": (4, [*SMALL, *interleaved, "--steps", 4, "--resume", saved[0]]),
             "adam-whole": (4, [*SMALL, *interleaved, "--steps", 4]),
-            "sgd-resumed": (6, [*sgd, *three_by_two, "--resume", saved[0] / "sgd"]),
-            "sgd-whole": (6, [*sgd, *three_by_two])}
+            "sgd-resumed": (3, [*sgd, *three_stages, "--resume", saved[0] / "sgd"]),
+            "sgd-whole": (3, [*sgd, *three_stages])}
     done = run_many([(n, flags + ["--save", tmp_path / name]) for name, (n, flags) in runs.items()])
     assert done.returncode == 0, done.stderr[-2000:]
     for optimizer in ("adam", "sgd"):
