@@ -3,7 +3,7 @@
 Each feature overrides a seam of core's chunk and calls core through `super()`:
 dropout masks (pipe.dropout), ReLU keeping its output (pipe.relu), the split backward's
 I and W (pipe.split_backward), batch norm's buffers (pipe.batchnorm), a (sum, count)
-loss (pipe.normalized_loss), and with `RecomputedChunk` activation recomputation
+loss (pipe.normalized_loss), float16 compute (pipe.precision), and with `RecomputedChunk` activation recomputation
 (pipe.recompute).
 """
 from pipe.batchnorm import BatchNorm
@@ -12,6 +12,7 @@ from pipe.core.chunk import arguments
 from pipe.dropout import Dropout
 from pipe.memory import Held
 from pipe.normalized_loss import CountedLoss
+from pipe.precision import MixedPrecision, to_half
 from pipe.predict import Infer
 from pipe.recompute import Recompute
 from pipe.relu import ReluKeepsOutput
@@ -20,14 +21,20 @@ from pipe.split_backward import SplitBackward, split_cells
 __all__ = ["Chunk", "RecomputedChunk"]
 
 
-class Chunk(CountedLoss, BatchNorm, SplitBackward, Dropout, ReluKeepsOutput, core.Chunk):
+class Chunk(CountedLoss, BatchNorm, SplitBackward, MixedPrecision, Dropout, ReluKeepsOutput,
+            core.Chunk):
     """`first_layer` is the chunk's place in the whole model: `named[k]`, (layer of the
-    model, leaf within it) of leaf layer k, names its dropout masks and its errors."""
+    model, leaf within it) of leaf layer k, names its dropout masks and its errors.
+    `half`: its layers compute in float16 (pipe.precision)."""
 
-    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, first_layer=0):
+    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, first_layer=0,
+                 half=False):
         self.named = [(first_layer + i, j) for i, layer in enumerate(layers)
                       for j in range(len(core.leaves([layer])))]
+        self.half = half
         super().__init__(layers, loss_fn, is_first, grad_scale)
+        if half:
+            to_half(self.layers)
         self.input_grad_cell, self.weight_grad_cell = split_cells(self)
         self.infer_cell = Infer(self.layers)
         self.memory = {"held": 0, "peak": 0}          # bytes in flight, now and at most

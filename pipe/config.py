@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 from pipe.core.config import Config
+from pipe.precision import BF16_REFUSED
 from pipe.schedules import CHUNKS
 
 __all__ = ["PipelineConfig", "as_flags"]
@@ -31,6 +32,9 @@ class PipelineConfig(Config):
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
     one_graph: bool = False              # run each step as one compiled graph (pipe.step_graph)
+    precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.precision)
+    loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
+    loss_scale_window: int = 2000        # fp16: clean steps before S doubles
 
     def __post_init__(self):
         if self.chunks is None:
@@ -42,6 +46,14 @@ class PipelineConfig(Config):
             raise ValueError(f"chunks={self.chunks!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
+        if self.precision == "bf16":
+            raise ValueError(BF16_REFUSED)
+        if self.precision not in ("fp32", "fp16"):
+            raise ValueError(f"precision={self.precision!r} must be 'fp32' or 'fp16'")
+        if not 1 <= self.loss_scale < float("inf"):
+            raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
+        if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:
+            raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive integer")
         for name in ("recompute", "defer_wgrad", "one_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")

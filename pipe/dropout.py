@@ -54,7 +54,7 @@ class KeepMask(nn.Cell):
 
     def construct(self, x, masks):
         mask = masks[self.index]
-        return x * mask * self.scale, (mask,)
+        return x * mask.astype(x.dtype) * self.scale, (mask,)
 
 
 class MaskGrad(nn.Cell):

@@ -24,6 +24,7 @@ from pipe.dropout import draws
 from pipe.handshake import StageCheck
 from pipe.layout import plan
 from pipe.normalized_loss import refuse_in_graph, to_token_mean
+from pipe.precision import LossScaler
 from pipe.schedules import micro_batches_of
 from pipe.step_graph import StepGraph, refuse_tuples, replica_rows, updates_in_graph
 from pipe.tied import fold_repeats, sum_gradients
@@ -62,6 +63,8 @@ class PipelineEngine(Engine):
         self.micro_batches_per_step = config.micro_batches * config.data_parallel   # M x D
         self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
+        self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
+            if config.precision == "fp16" else None     # (pipe.precision)
         self.handlers.update({"I": self.backward_input, "W": self.backward_weight})
 
     def build(self, model, loss_fn):
@@ -75,6 +78,8 @@ class PipelineEngine(Engine):
         step_draws = draws(self.config, batch, self.step + 1)   # dropout masks (pipe.dropout)
         for chunk in self.chunks:
             chunk.draws = step_draws
+        if self.scaler:                  # the backward starts at the loss x S
+            self.scaler.scale_loss(self.chunks, self.micro_batches_per_step)
         return batch
 
     def run_step(self, batch):
@@ -86,7 +91,8 @@ class PipelineEngine(Engine):
         self.watch.begin(self.schedule)  # (its first call compiles: not timed)
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
             share, grads, done = self.graphs[batch.shapes](*replica_rows(batch),
-                                                           self.dropout_masks(batch))
+                                                           self.dropout_masks(batch),
+                                                           self.chunks[0].grad_scale)
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):
             chunk.grads = summed
@@ -104,6 +110,8 @@ class PipelineEngine(Engine):
         with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
             if self.counted_loss:        # d(total sum) / total count (pipe.normalized_loss)
                 self.total = to_token_mean(self.wire, self.chunks, self.micro_batches_per_step)
+            if self.scaler and not self.scaler.unscale(self.wire, self.chunks):
+                return                   # a gradient overflowed on some rank: all skip the step
             super().update_weights()
 
     def reduce(self, grads):
@@ -183,7 +191,8 @@ class PipelineEngine(Engine):
         checkpoint.save_rank(checkpoint.step_dir(directory, step), self.layout, self.optimizer)
         self.barrier()
         if self.wire.rank == 0:
-            checkpoint.finish(directory, step, {**self.layout.describe(), **(meta or {})})
+            scale = self.scaler.state() if self.scaler else {}
+            checkpoint.finish(directory, step, {**self.layout.describe(), **scale, **(meta or {})})
         self.barrier()
 
     def resume(self, directory):
@@ -192,6 +201,8 @@ class PipelineEngine(Engine):
         where, meta = checkpoint.latest(directory)
         checkpoint.load_rank(where, self.parameters_dict(), self.optimizer)
         self.step = meta["step"]
+        if self.scaler:
+            self.scaler.load(meta)
         return meta
 
     def parameters_dict(self):

@@ -168,7 +168,7 @@ def explain(chunk, spec, labels, error):
         return "model", 0, f"{where}, raised {first_line(cause)}"
     first, weight = _first_weight(chunk)
     shape, dtype = spec
-    if k == first and dtype in FLOATS and dtype != weight.dtype:
+    if k == first and dtype in FLOATS and dtype != weight.dtype and not chunk.half:
         return "dtype", DTYPES.index(weight.dtype), ""
     layer = chunk.layers[k] if k < len(chunk.layers) else None
     if k == 0 and isinstance(layer, nn.Dense) and shape[-1] != layer.in_channels:

@@ -17,6 +17,7 @@ from pipe.chunk import Chunk, RecomputedChunk
 from pipe.core.place import Topology
 from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
+from pipe.precision import check_layer_precision
 from pipe.predict import forward_only
 from pipe.simulator import checked_schedule
 from pipe.step_graph import check_supported
@@ -128,8 +129,11 @@ def build_layout(model, loss_fn, config, rank, costs):
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)
         layers, chunk_names = partition(model, all_bounds[vs])
+        for i, layer in enumerate(layers, all_bounds[vs][0]):
+            check_layer_precision(i, layer, config.precision)
         chunks.append(kind(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                           grad_scale=scale, first_layer=all_bounds[vs][0]))
+                           grad_scale=scale, first_layer=all_bounds[vs][0],
+                           half=config.precision == "fp16"))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
     check_exact(config, [b for chunk in chunks for b in chunk.buffers])

@@ -34,9 +34,10 @@ def check_layer(i, layer):
     step: pipe.handshake.)"""
     for p in layer.trainable_params():
         if p.dtype != ms.float32:
-            raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe trains "
-                            "float32 parameters (mixed precision with a loss scale is not "
-                            "implemented); keep the weights float32 and cast inside the layer")
+            raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe keeps float32 "
+                            "master weights (the optimizer's small steps vanish in float16); "
+                            "build the layer in float32 and set precision='fp16' for float16 "
+                            "compute")
 
 
 def balance(costs, stages):

@@ -134,16 +134,16 @@ def _rows(waiting):
 
 def updates_in_graph(layout):
     """Whether the optimizer can step inside the graph: its gradients are final there, with
-    no all-reduce (over replicas, tied copies or the global norm) or sum of a weight two
-    chunks hold between."""
+    no all-reduce (over replicas, tied copies, the global norm or fp16's overflow flag) or
+    sum of a weight two chunks hold between."""
     config = layout.config
     return (config.data_parallel == 1 and not layout.tied and not layout.repeats
-            and not config.clip_grad_norm)
+            and not config.clip_grad_norm and config.precision == "fp32")
 
 
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    micro-batch first) -> (this rank's share of the step's loss
+    micro-batch first, the loss gradient's scale) -> (this rank's share of the step's loss
     (pipe.core.engine.loss_share), the summed weight gradients of each of its chunks, a token set
     once its work and messages are done). Given `update` (the optimizer over the chunks'
     parameters, in order), it steps too."""
@@ -159,7 +159,7 @@ class StepGraph(nn.Cell):
         self.input_grads = nn.CellList([c.input_grad_cell for c in chunks])
         self.weight_grads = nn.CellList([c.weight_grad_cell for c in chunks])
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
-        self.scale, self.no_labels = chunks[0].grad_scale, chunks[0].no_labels
+        self.no_labels = chunks[0].no_labels
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         actions = layout.schedule.actions[layout.stage]
@@ -170,7 +170,7 @@ class StepGraph(nn.Cell):
         self.micro_batches = layout.config.micro_batches
 
     @ms.jit
-    def construct(self, rows, labels_of_rows, masks):
+    def construct(self, rows, labels_of_rows, masks, scale):
         size = rows.shape[0] // self.micro_batches
         inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
         flight, residuals, starts, waiting, grads = {}, {}, {}, {}, {}
@@ -190,7 +190,7 @@ class StepGraph(nn.Cell):
             elif code == F:
                 x = ops.depend(inputs[mb] if takes < 0 else flight[takes], done)
                 y = labels[mb] if self.last[c] else self.no_labels
-                out, residuals[unit] = self.forwards[c](x, y, self.scale, masks[unit])
+                out, residuals[unit] = self.forwards[c](x, y, scale, masks[unit])
                 done = ops.depend(done, out)
                 if self.last[c]:
                     losses = losses + (out[0],)

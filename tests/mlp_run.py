@@ -12,12 +12,14 @@ import numpy as np
 from mindspore import nn
 
 from pipe.builders import LayerBuilders
+from pipe.core.wire import elements
 from pipe.deadlines import DeadlineWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 
 WIDTHS = (20, 32, 32, 32, 10)       # 3 x (Dense + ReLU), then Dense to 10 classes
 BATCH, STEPS = 16, 2
+FP16_STEPS, OVERFLOW = 4, 100.0     # float16 runs: steps, and an input whose dW overflows
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
@@ -77,17 +79,21 @@ class TokenMean(nn.Cell):
         return total / count
 
 
-def batches(seed, padded=False):
+def batches(seed, padded=False, steps=STEPS, overflow=None):
     """Each step's (inputs, labels); `padded`: a label is -1 (padding) with probability
     0.5 in the batch's first half and 0.1 in its second, so micro-batches count different
-    numbers of targets."""
+    numbers of targets. `overflow`: at that step (0-based) the first sample's first input
+    is OVERFLOW, and in float16 the first layer's weight gradient overflows, on the ranks
+    that hold stage 0 of replica 0 only."""
     rng = np.random.default_rng(seed + 1)
     out = []
-    for _ in range(STEPS):
+    for step in range(steps):
         x = rng.standard_normal((BATCH, WIDTHS[0])).astype(np.float32)
         y = rng.integers(0, WIDTHS[-1], BATCH).astype(np.int32)
         if padded:
             y[rng.random(BATCH) < np.repeat([0.5, 0.1], BATCH // 2)] = -1
+        if step == overflow:
+            x[0, 0] = OVERFLOW
         out.append((x, y))
     return out
 
@@ -111,6 +117,36 @@ def plain_run(name, seed, builders=False, padded=False):
     return {n: p.asnumpy() for n, p in names.items()}, losses
 
 
+def plain_fp16_run(seed, loss_scale, overflow=None):
+    """({name: value}, every step's loss, the loss scale after every step) of one plain
+    process training the MLP in float16 as pipe's precision='fp16' does: every layer
+    computes in float16 (MindSpore's `to_float`) on float32 weights, the loss on float32
+    logits, its gradient x S, then / S; an inf or nan skips the step, and MindSpore's own
+    DynamicLossScaleUpdateCell moves S."""
+    model = build_model(seed)
+    for layer in model.cells():
+        layer.to_float(ms.float16)
+    names = dict(model.parameters_and_names())
+    weights = model.trainable_params()
+    scaled = ms.value_and_grad(lambda x, y, s: LOSS(model(x).astype(ms.float32), y) * s,
+                               None, weights)
+    sgd = optimizer("sgd")(weights)
+    scale = ms.Parameter(ms.Tensor(loss_scale, ms.float32), name="scale")
+    update = nn.DynamicLossScaleUpdateCell(loss_scale, scale_factor=2, scale_window=2000)
+    losses, scales = [], []
+    for x, y in batches(seed, steps=FP16_STEPS, overflow=overflow):
+        s = scale.value().copy()
+        loss, grads = scaled(ms.Tensor(x), ms.Tensor(y), s)
+        grads = tuple(g / s for g in grads)
+        overflowed = not all(bool(ms.ops.isfinite(g).all()) for g in grads)
+        update(scale, ms.Tensor(overflowed))
+        if not overflowed:
+            sgd(grads)
+        losses.append(float((loss / s).asnumpy()))
+        scales.append(float(scale.value().asnumpy()))
+    return {n: p.asnumpy() for n, p in names.items()}, losses, scales
+
+
 def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
     "builders": the model as layer builders, "padded": a (sum, count) loss}) on the ranks of `communicator`; saves the
@@ -118,7 +154,9 @@ def pipe_run(spec, communicator):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
-    data = batches(spec["seed"], spec.get("padded", False))
+    half = config.precision == "fp16"
+    data = batches(spec["seed"], spec.get("padded", False), FP16_STEPS if half else STEPS,
+                   spec.get("overflow"))
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
     before = model_parameters_held()        # earlier runs in this process may hold theirs
     model = (layer_builders() if spec.get("builders") else
@@ -127,7 +165,12 @@ def pipe_run(spec, communicator):
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)
     held = model_parameters_held() - before
-    losses = [engine.train_step(x, y) for x, y in data]
-    engine.save(spec["save"], STEPS)
-    return engine, {"losses": losses, "parameters_held": held,
-                    "update_in_graph": engine.update_in_graph}
+    losses, scales = [], []
+    for x, y in data:
+        losses.append(engine.train_step(x, y))
+        scales.append(engine.scaler.value if half else None)
+    engine.save(spec["save"], len(data))
+    wire = sorted({str(dtype) for vs, spec in engine.p2p.shapes.items()   # between the stages
+                   if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
+    return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
+                    "update_in_graph": engine.update_in_graph, "wire_dtypes": wire}

@@ -54,8 +54,9 @@ def engine(model, **config):
                                  "construct; wrap the block with the skip connection as one layer "
                                  "of a plain nn.SequentialCell"),
     (nn.SequentialCell([nn.Dense(4, 4, dtype=ms.float16)]),
-     "parameter '0.weight' of layer 0 is Float16: pipe trains float32 parameters (mixed precision "
-     "with a loss scale is not implemented); keep the weights float32 and cast inside the layer"),
+     "parameter '0.weight' of layer 0 is Float16: pipe keeps float32 master weights (the "
+     "optimizer's small steps vanish in float16); build the layer in float32 and set "
+     "precision='fp16' for float16 compute"),
 ])
 def test_models_pipe_cannot_split_are_refused(model, message):
     with pytest.raises(TypeError) as err:
@@ -132,11 +133,20 @@ def test_dtype_mismatch_is_named_as_one():
                               "Float32; cast the input batch to Float32")
 
 
-def test_half_precision_compute_is_not_a_dtype_mismatch():
-    """fp16 compute with fp32 parameters (`to_float` on every Dense) takes fp32 inputs."""
-    model = nn.SequentialCell([nn.Dense(8, 4).to_float(ms.float16), nn.ReLU(),
-                               nn.Dense(4, 3).to_float(ms.float16)])
-    loss = engine(model, micro_batches=2).train_step(np.ones((4, 8), np.float32), np.zeros(4, np.int32))
+def test_half_precision_compute_is_precision_fp16():
+    """A model cast with `to_float` is refused under precision='fp32' (its loss gradient
+    would underflow unscaled), and trains under 'fp16', which casts every layer itself."""
+    def half():
+        return nn.SequentialCell([nn.Dense(8, 4).to_float(ms.float16), nn.ReLU(),
+                                  nn.Dense(4, 3).to_float(ms.float16)])
+    with pytest.raises(TypeError) as err:
+        engine(half(), micro_batches=2)
+    assert str(err.value) == (
+        "layer 0 (Dense) computes in float16 (Cell.to_float), and precision='fp32' would pass "
+        "its gradients unscaled, where they underflow; drop the to_float and set "
+        "precision='fp16' (pipe casts every layer and scales the loss)")
+    loss = engine(half(), micro_batches=2, precision="fp16").train_step(
+        np.ones((4, 8), np.float32), np.zeros(4, np.int32))
     assert np.isfinite(loss)
 
 

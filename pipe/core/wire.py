@@ -47,12 +47,12 @@ class MpiWire:
         return ms.Tensor(self.recv_array(shape, dtype, src, tag))
 
     def send_array(self, array, dst, tag):
-        data = np.ascontiguousarray(array)
-        self.wait(self.world.Issend(data, dest=dst, tag=tag), f"send (tag {tag}) to rank {dst}")
+        data = np.ascontiguousarray(array)     # sent as bytes: MPI has no float16
+        self.wait(self.world.Issend([data, self.MPI.BYTE], dst, tag), f"send (tag {tag}) to rank {dst}")
 
     def recv_array(self, shape, dtype, src, tag):
         data = np.empty(shape, WIRE_DTYPES[dtype])
-        self.wait(self.world.Irecv(data, source=src, tag=tag), f"receive (tag {tag}) from rank {src}")
+        self.wait(self.world.Irecv([data, self.MPI.BYTE], src, tag), f"receive (tag {tag}) from rank {src}")
         return data
 
     def all_reduce(self, tensor, ranks):

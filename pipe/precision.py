@@ -1,0 +1,156 @@
+"""Mixed precision: float16 compute and messages, float32 master weights, a dynamic loss scale.
+
+With precision="fp16" every layer computes in float16 (`Cell.to_float`: its parameters
+stay float32, cast as the graph reads them), so activations and their gradients cross the
+stages in float16, half the bytes. Weight gradients come out float32 (the cast's gradient)
+and are summed over micro-batches in float32; the optimizer steps float32 weights. Batch
+norm keeps float32, as MindSpore's own mixed precision does: its moving statistics are
+float32 parameters that the layer updates in place.
+
+The model's logits are cast to float32 for the loss, which is computed and reported in
+float32. Its gradient would underflow in float16 (a token's share of a mean is tiny), so
+it is multiplied by the loss scale S while still float32 (core's start gradient, x S/(M D)),
+then cast to float16 for the layers' backward. Every gradient is then S times too large:
+`LossScaler.unscale` divides it back, and one all-reduce of an overflow flag over every
+rank tells all stages and replicas whether any gradient became inf or nan. If one did,
+every rank skips the step and halves S; after `window` clean steps S doubles. That is the
+rule of MindSpore's DynamicLossScaleUpdateCell and torch's GradScaler; S starts at 2**16,
+GradScaler's start (MindSpore's DynamicLossScaleManager starts at 2**24, which overflows
+float16 on its first steps).
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+from pipe.core.chunk import LayerGrad
+
+__all__ = ["MixedPrecision", "LossScaler", "to_half", "check_layer_precision", "BF16_REFUSED"]
+
+BF16_REFUSED = ("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 kernels on "
+                "CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul on CPU); use "
+                "precision='fp16', which scales the loss, or 'fp32'")
+NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def to_half(layers):
+    """Each layer computes in float16, its batch norms in float32; parameters stay float32."""
+    for layer in layers:
+        layer.to_float(ms.float16)
+        for _, cell in layer.cells_and_names():
+            if isinstance(cell, NORMS):
+                cell.to_float(ms.float32)
+
+
+def check_layer_precision(i, layer, precision):
+    """Refuse a layer cast to half precision by the user under precision='fp32': its loss
+    gradient would reach float16 unscaled and underflow."""
+    if precision == "fp16":
+        return
+    for _, cell in layer.cells_and_names():
+        flags = cell.get_flags()
+        if flags.get("fp16") or flags.get("bf16"):
+            raise TypeError(f"layer {i} ({type(layer).__name__}) computes in "
+                            f"{'float16' if flags.get('fp16') else 'bfloat16'} (Cell.to_float), "
+                            "and precision='fp32' would pass its gradients unscaled, where they "
+                            "underflow; drop the to_float and set precision='fp16' (pipe casts "
+                            "every layer and scales the loss)")
+
+
+class LogitsAsFloat32(nn.Cell):
+    """The model's last layer as the forward runs it, its output cast to float32."""
+
+    def __init__(self, kept):
+        super().__init__(auto_prefix=False)
+        self.kept, self.keeps = kept, kept.keeps
+
+    def construct(self, x, extras):
+        y, residuals = self.kept(x, extras)
+        return y.astype(ms.float32), residuals
+
+
+class GradAsFloat16(nn.Cell):
+    """The model's last layer's backward, its float32 (scaled) output gradient cast to float16."""
+
+    def __init__(self, grad):
+        super().__init__(auto_prefix=False)
+        self.grad = grad
+
+    def construct(self, x, dy):
+        return self.grad(x, dy.astype(ms.float16))
+
+
+class MixedPrecision:
+    """Chunk feature: with `half`, the model's last layer hands the loss float32 logits and
+    takes back a float16 gradient (the layers themselves are cast by `to_half`)."""
+
+    half = False
+
+    def is_logits_layer(self, i):
+        return self.half and self.is_last and i == len(self.layers) - 1
+
+    def keeps(self, i):
+        kept = super().keeps(i)
+        return LogitsAsFloat32(kept) if self.is_logits_layer(i) else kept
+
+    def layer_grad(self, i, input_grad, make=LayerGrad):
+        grad = super().layer_grad(i, input_grad, make)
+        return GradAsFloat16(grad) if self.is_logits_layer(i) else grad
+
+
+class Unscale(nn.Cell):
+    """(gradients, 1/S) -> (each x 1/S, 1.0 if any is inf or nan else 0.0), one graph."""
+
+    @ms.jit
+    def construct(self, grads, inverse):
+        unscaled, finite = (), ops.ones((), ms.bool_)
+        for g in grads:
+            unscaled = unscaled + (g * inverse,)
+            finite = ops.logical_and(finite, ops.isfinite(g).all())
+        return unscaled, ops.logical_not(finite).astype(ms.float32).reshape(1)
+
+
+class LossScaler:
+    """The loss scale S, and what it does each step (see the module's docstring)."""
+
+    def __init__(self, value, window):
+        self.value, self.window = float(value), window
+        self.clean = 0                   # steps since the last overflow or growth
+        self.unscale_cell = Unscale()
+        self.applied = None              # (S, micro-batches) last given to the chunks
+
+    def scale_loss(self, chunks, micro_batches):
+        """Each backward starts at d loss / d logits x S / `micro_batches` (M x D)."""
+        if self.applied != (self.value, micro_batches):
+            for chunk in chunks:
+                chunk.grad_scale = ms.Tensor(self.value / micro_batches, ms.float32)
+            self.applied = (self.value, micro_batches)
+
+    def unscale(self, wire, chunks):
+        """Divide the chunks' gradients by S; one all-reduce of the overflow flag over every
+        rank; update S. Returns whether the optimizer may step (no rank overflowed)."""
+        grads = tuple(g for chunk in chunks for g in chunk.grads)
+        flag = ops.zeros(1, ms.float32)
+        if grads:
+            grads, flag = self.unscale_cell(ms.mutable(grads), ms.Tensor(1.0 / self.value, ms.float32))
+        overflow = bool(wire.all_reduce(flag, tuple(range(wire.size))).asnumpy()[0])
+        for chunk in chunks:
+            chunk.grads, grads = grads[:len(chunk.grads)], grads[len(chunk.grads):]
+        self.update(overflow)
+        return not overflow
+
+    def update(self, overflow):
+        """Halve S on an overflow (not below 1); double it after `window` clean steps."""
+        if overflow:
+            self.value, self.clean = max(self.value / 2, 1.0), 0
+            return
+        self.clean += 1
+        if self.clean >= self.window:
+            self.value, self.clean = self.value * 2, 0
+
+    def state(self):
+        """What a checkpoint keeps, to resume with the same scale."""
+        return {"loss_scale": self.value, "loss_scale_clean_steps": self.clean}
+
+    def load(self, meta):
+        """Resume S from a checkpoint's meta (one saved in fp32 keeps the configured start)."""
+        self.value = float(meta.get("loss_scale", self.value))
+        self.clean = int(meta.get("loss_scale_clean_steps", 0))

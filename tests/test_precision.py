@@ -1,0 +1,70 @@
+"""Mixed precision (pipe.precision): a pipelined float16 run equals one process running the
+same recipe, MindSpore's own `to_float` and DynamicLossScaleUpdateCell, step by step.
+
+Every layer computes in float16 on float32 weights; the loss is float32, its gradient
+scaled by S. The runs start at S = 2**14, which no step overflows; in `overflow-1f1b-2x2`
+one input of step 3 (in replica 0's rows) makes the first layer's weight gradient
+overflow on that one rank (stage 0, replica 0): every rank must skip that step and halve S
+with the single process. The tolerances are float16's: whole-batch and micro-batch
+products round differently, 1e-3 of a weight's change.
+"""
+import numpy as np
+import pytest
+
+from launch import load, results
+from mlp_run import plain_fp16_run
+from pipe.checkpoint import latest
+
+SEED, SCALE = 7, 2.0 ** 14
+CASES = {"1f1b-2x1": dict(schedule="1f1b", stages=2),
+         "gpipe-3x1": dict(schedule="gpipe", stages=3),
+         "zb-v-defer-wgrad-2x2": dict(schedule="zb-v", stages=2, data_parallel=2, defer_wgrad=True),
+         "overflow-1f1b-2x2": dict(schedule="1f1b", stages=2, data_parallel=2)}
+
+
+def matrix(root):
+    """The float16 runs (trained in the suite's one launch: conftest.trained)."""
+    return [(c.get("stages", 1) * c.get("data_parallel", 1),
+             {"config": {"micro_batches": 4, "precision": "fp16", "loss_scale": SCALE, **c},
+              "optimizer": "sgd", "seed": SEED, "save": str(root / f"fp16-{name}"),
+              "overflow": 2 if name.startswith("overflow") else None})
+            for name, c in CASES.items()]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return {"clean": plain_fp16_run(SEED, SCALE), "overflow": plain_fp16_run(SEED, SCALE, 2)}
+
+
+def assert_same_run(trained, name, want):
+    weights, losses, scales = want
+    got = load(trained / f"fp16-{name}" / "model.ckpt")
+    assert sorted(got) == sorted(weights)
+    for key in weights:
+        np.testing.assert_allclose(got[key], weights[key], rtol=0, atol=2e-4, err_msg=key)
+    for rank, result in results(trained / f"fp16-{name}").items():
+        np.testing.assert_allclose(result["losses"], losses, rtol=2e-3, err_msg=f"rank {rank}")
+        assert result["loss_scales"] == scales, f"rank {rank}"
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("overflow")])
+def test_fp16_pipeline_equals_one_process(trained, plain, name):
+    assert_same_run(trained, name, plain["clean"])
+
+
+def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(trained, plain):
+    """Step 3's weights stay as they were everywhere, S halves, training goes on as one
+    process's (whose step 3 would otherwise move the weights: the runs differ)."""
+    assert plain["overflow"][2] == [SCALE, SCALE, SCALE / 2, SCALE / 2]
+    assert_same_run(trained, "overflow-1f1b-2x2", plain["overflow"])
+
+
+def test_activations_cross_the_stages_in_float16(trained):
+    for name in CASES:
+        for rank, result in results(trained / f"fp16-{name}").items():
+            assert result["wire_dtypes"] == ["Float16"], (name, rank)
+
+
+def test_the_loss_scale_is_saved_with_the_checkpoint(trained):
+    _, meta = latest(str(trained / "fp16-overflow-1f1b-2x2"))
+    assert (meta["loss_scale"], meta["loss_scale_clean_steps"]) == (SCALE / 2, 1)
