@@ -8,13 +8,15 @@
 # Options: --model small|large|all  --layout PxD|all  --schedule NAME|all
 #          --impl pipe|pipe-graph|builtin|all  (pipe-graph: each step as one compiled graph)
 #          --defer-wgrad (pipe's weight gradients once per step, over all micro-batches)
+#          --precision fp32|fp16 (fp16: float16 compute, float32 weights, loss scaling;
+#                                 the built-in gets its layers cast alike, with no loss scale)
 #          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER=""
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
@@ -22,7 +24,8 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
     --defer-wgrad) DEFER=--defer-wgrad; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --precision) PRECISION=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +33,9 @@ done
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
 case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
+case "$PRECISION" in fp32|fp16) ;;
+  bf16) bad "--precision bf16: MindSpore 2.10 has no bfloat16 kernels on CPU or GPU; use fp16 or fp32" ;;
+  *) bad "--precision $PRECISION: use fp32 or fp16" ;; esac
 NAMES=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 [[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
 [[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
@@ -49,6 +55,7 @@ echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 launch() {  # launch N ARGS...: one benchmark run on N processes
   local n=$1; shift
+  set -- "$@" --precision "$PRECISION"
   if [ "$n" -eq 1 ]; then
     python benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
   elif [ "$DEVICE" = CPU ]; then

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, add_precision_flag, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
@@ -58,6 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--defer-wgrad", action="store_true",
                    help="weight gradients once per step, over all micro-batches")
     p.add_argument("--one-graph", action="store_true", help="each step as one compiled graph")
+    add_precision_flag(p)
     return p.parse_args(argv)
 
 
@@ -108,6 +109,9 @@ def main(argv=None):
     if args.impl == "builtin":
         stage, replica = rank // D, rank % D
         own_random_weights(model, *bounds[stage], seed=0)
+        if args.precision == "fp16":     # its layers cast as pipe's are (no loss scale:
+            for layer in model.cells():  # MindSpore's pipeline documents no mixed precision)
+                layer.to_float(ms.float16)
         optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
         step = builtin_train_step(model, loss_fn, optimizer, P, args.micro_batches, bounds)
         rows = args.batch_size // D
@@ -118,7 +122,8 @@ def main(argv=None):
         config = PipelineConfig(stages=P, data_parallel=D, micro_batches=args.micro_batches,
                                 batch_size=args.batch_size, schedule=args.schedule,
                                 partition=args.partition, recompute=args.recompute, device=device,
-                                defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
+                                defer_wgrad=args.defer_wgrad, one_graph=args.one_graph,
+                                precision=args.precision)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                                 sample=x[:args.batch_size // (D * args.micro_batches)])
         rank, stage = engine.wire.rank, engine.layout.stage
@@ -145,7 +150,8 @@ def main(argv=None):
            "batch_size": args.batch_size, "rank": rank, "stage": stage,
            "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
            "peak_memory_bytes": peak_memory(device), "partition": args.partition,
-           "recompute": args.recompute, "defer_wgrad": args.defer_wgrad, "one_graph": args.one_graph}
+           "recompute": args.recompute, "defer_wgrad": args.defer_wgrad, "one_graph": args.one_graph,
+           "precision": args.precision}
     if args.impl == "pipe":
         row["bounds"] = engine.layout.all_bounds
         row["peak_activation_bytes"] = sum(chunk.peak_bytes for chunk in engine.chunks)

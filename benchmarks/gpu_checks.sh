@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash benchmarks/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [SCHEDULE...]]   (2+ GPUs and msrun)
-# Default: every schedule. --one-graph runs the pipelines as one graph per step (the single
-# GPU stays the per-action reference); --defer-wgrad defers the weight gradients of both.
+#   bash benchmarks/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
+# (2+ GPUs and msrun.) Default: every schedule. --one-graph runs the pipelines as one graph
+# per step (the single GPU stays the per-action reference); --defer-wgrad defers the weight
+# gradients of both; --precision fp16 trains both in float16 with a loss scale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 GRAPH=""
-while [ "${1:-}" = --one-graph ] || [ "${1:-}" = --defer-wgrad ]; do
-  if [ "$1" = --one-graph ]; then GRAPH=--one-graph; else FLAGS="$FLAGS $1"; fi; shift
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --one-graph) GRAPH=--one-graph; shift ;;
+    --defer-wgrad) FLAGS="$FLAGS $1"; shift ;;
+    --precision) FLAGS="$FLAGS --precision ${2:-}"; shift 2 ;;
+    *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
 done
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}

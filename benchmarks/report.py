@@ -29,17 +29,18 @@ def summarize(lines):
     runs = defaultdict(list)
     for line in lines:
         row = json.loads(line)
-        key = (row["layers"], row["hidden"], row["batch_size"], row["impl"], row["stages"],
-               row["data_parallel"], row["schedule"], row["micro_batches"])
+        key = (row["layers"], row["hidden"], row["batch_size"], row.get("precision", "fp32"),
+               row["impl"], row["stages"], row["data_parallel"], row["schedule"], row["micro_batches"])
         runs[key].append(row)
     rows = []
-    for (layers, hidden, batch, impl, P, D, schedule, M), ranks in runs.items():
+    for (layers, hidden, batch, precision, impl, P, D, schedule, M), ranks in runs.items():
         step = max(r["step_ms"] for r in ranks)
         memory = defaultdict(int)
         for r in ranks:
             memory[r["stage"]] = max(memory[r["stage"]], r["peak_memory_bytes"])
         deferred = ranks[0].get("defer_wgrad", False)
-        rows.append({"model": f"{layers}x{hidden} b{batch}", "layout": f"{P}x{D}", "impl": impl,
+        model = f"{layers}x{hidden} b{batch}" + (f" {precision}" if precision != "fp32" else "")
+        rows.append({"model": model, "layout": f"{P}x{D}", "impl": impl,
                      "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
                      "step_ms": step, "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
                      "deferred": deferred,

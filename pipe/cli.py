@@ -7,7 +7,7 @@ import sys
 from pipe.config import as_flags
 from pipe.schedules import SCHEDULES
 
-__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "run"]
+__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -42,6 +42,13 @@ def add_layout_flags(parser, batch_size):
     parser.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
     parser.add_argument("--batch-size", type=positive_int, default=batch_size, help="global mini-batch B")
     parser.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
+
+
+def add_precision_flag(parser):
+    """--precision: fp16 computes in float16 on float32 weights with a loss scale
+    (pipe.precision); bf16 is named so that pipe can say why it is refused."""
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+                        help="fp16: float16 compute and messages, float32 weights, loss scaling")
 
 
 def run(main):

@@ -28,6 +28,8 @@ __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "descr
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
+HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
+             "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as nn.Dense does)")
 
 
 class RandomLayer(TypeError):
@@ -162,7 +164,7 @@ def explain(chunk, spec, labels, error):
     found = locate_failure(chunk, example(spec), labels)
     if found is None:
         return "model", 0, ("compiling its forward failed (each layer ran alone): "
-                            f"{first_line(error)}")
+                            f"{first_line(error)}{HALF_HINT if chunk.half else ''}")
     k, where, cause = found
     if isinstance(spec, Parts):
         return "model", 0, f"{where}, raised {first_line(cause)}"

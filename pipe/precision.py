@@ -21,13 +21,13 @@ float16 on its first steps).
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import LayerGrad
+from pipe.core.chunk import KeepInput, LayerGrad
 
 __all__ = ["MixedPrecision", "LossScaler", "to_half", "check_layer_precision", "BF16_REFUSED"]
 
 BF16_REFUSED = ("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 kernels on "
                 "CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul on CPU); use "
-                "precision='fp16', which scales the loss, or 'fp32'")
+                "precision='fp16' (with loss scaling) or precision='fp32'")
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
@@ -35,9 +35,12 @@ def to_half(layers):
     """Each layer computes in float16, its batch norms in float32; parameters stay float32."""
     for layer in layers:
         layer.to_float(ms.float16)
-        for _, cell in layer.cells_and_names():
-            if isinstance(cell, NORMS):
-                cell.to_float(ms.float32)
+        for cell in norms(layer):
+            cell.to_float(ms.float32)
+
+
+def norms(layer):
+    return [cell for _, cell in layer.cells_and_names() if isinstance(cell, NORMS)]
 
 
 def check_layer_precision(i, layer, precision):
@@ -80,7 +83,9 @@ class GradAsFloat16(nn.Cell):
 
 class MixedPrecision:
     """Chunk feature: with `half`, the model's last layer hands the loss float32 logits and
-    takes back a float16 gradient (the layers themselves are cast by `to_half`)."""
+    takes back a float16 gradient (the layers themselves are cast by `to_half`). A ReLU
+    whose input may be float32 (a batch norm's output, or a message) keeps its input: its
+    backward run at its float16 output (pipe.relu) would give a float16 gradient."""
 
     half = False
 
@@ -88,7 +93,11 @@ class MixedPrecision:
         return self.half and self.is_last and i == len(self.layers) - 1
 
     def keeps(self, i):
-        kept = super().keeps(i)
+        layer = self.layers[i]
+        if self.half and type(layer) is nn.ReLU and (i == 0 or norms(self.layers[i - 1])):
+            kept = KeepInput(layer)
+        else:
+            kept = super().keeps(i)
         return LogitsAsFloat32(kept) if self.is_logits_layer(i) else kept
 
     def layer_grad(self, i, input_grad, make=LayerGrad):

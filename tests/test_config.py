@@ -30,7 +30,7 @@ def test_switches_take_only_true_or_false(field):
 @pytest.mark.parametrize("config,message", [
     (dict(precision="bf16"), "precision='bf16' is not available: MindSpore 2.10 has no bfloat16 "
                              "kernels on CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul "
-                             "on CPU); use precision='fp16', which scales the loss, or 'fp32'"),
+                             "on CPU); use precision='fp16' (with loss scaling) or precision='fp32'"),
     (dict(precision="half"), "precision='half' must be 'fp32' or 'fp16'"),
     (dict(loss_scale=0.5), "loss_scale=0.5 must be a finite number >= 1"),
     (dict(loss_scale_window=0), "loss_scale_window=0 must be a positive integer"),

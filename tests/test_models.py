@@ -17,7 +17,7 @@ from pipe.chunk import Chunk
 from pipe.deadlines import DeadlineWire
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
-from pipe.handshake import check_input
+from pipe.handshake import HALF_HINT, check_input
 from user_layers import GraphOnly, HiddenDropout
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -148,6 +148,25 @@ def test_half_precision_compute_is_precision_fp16():
     loss = engine(half(), micro_batches=2, precision="fp16").train_step(
         np.ones((4, 8), np.float32), np.zeros(4, np.int32))
     assert np.isfinite(loss)
+
+
+class RawWeight(nn.Cell):
+    """x @ w with a Parameter its construct reads itself, not cast to x's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.eye(4, dtype=np.float32)), name="w")
+
+    def construct(self, x):
+        return ops.matmul(x, self.w)
+
+
+def test_a_parameter_read_raw_in_float16_is_told_how_to_cast():
+    model = nn.SequentialCell([nn.Dense(4, 4), RawWeight(), nn.Dense(4, 3)])
+    with pytest.raises(RuntimeError) as err:
+        engine(model, precision="fp16").train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+    assert "compiling its forward failed (each layer ran alone): TypeError: For primitive" in str(err.value)
+    assert HALF_HINT in str(err.value)
 
 
 def test_bfloat16_is_refused_by_the_cpu_wire_up_front():

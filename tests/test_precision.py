@@ -19,7 +19,8 @@ SEED, SCALE = 7, 2.0 ** 14
 CASES = {"1f1b-2x1": dict(schedule="1f1b", stages=2),
          "gpipe-3x1": dict(schedule="gpipe", stages=3),
          "zb-v-defer-wgrad-2x2": dict(schedule="zb-v", stages=2, data_parallel=2, defer_wgrad=True),
-         "overflow-1f1b-2x2": dict(schedule="1f1b", stages=2, data_parallel=2)}
+         "overflow-1f1b-2x2": dict(schedule="1f1b", stages=2, data_parallel=2),
+         "one-graph-1f1b-2x1": dict(schedule="1f1b", stages=2, one_graph=True)}
 
 
 def matrix(root):
@@ -47,7 +48,7 @@ def assert_same_run(trained, name, want):
         assert result["loss_scales"] == scales, f"rank {rank}"
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("overflow")])
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith(("overflow", "one-graph"))])
 def test_fp16_pipeline_equals_one_process(trained, plain, name):
     assert_same_run(trained, name, plain["clean"])
 
@@ -57,6 +58,13 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(trained, plain):
     process's (whose step 3 would otherwise move the weights: the runs differ)."""
     assert plain["overflow"][2] == [SCALE, SCALE, SCALE / 2, SCALE / 2]
     assert_same_run(trained, "overflow-1f1b-2x2", plain["overflow"])
+
+
+def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
+    """The loss scale goes into the step's graph as an input: not one bit moves."""
+    got = load(trained / "fp16-one-graph-1f1b-2x1" / "model.ckpt")
+    want = load(trained / "fp16-1f1b-2x1" / "model.ckpt")
+    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
 
 
 def test_activations_cross_the_stages_in_float16(trained):

@@ -52,8 +52,9 @@ class Block(nn.Cell):
         h = self.heads
         q, k, v = ops.split(self.qkv(self.norm1(x)), d, axis=-1)
         q, k, v = [z.reshape(b, t, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v)]
-        allowed = ops.tril(ops.ones((t, t), ms.float32)) * keep.astype(ms.float32).reshape(b, 1, 1, t)
-        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(d // h) - (1 - allowed) * 1e9
+        allowed = ops.tril(ops.ones((t, t), ms.int32)) * keep.reshape(b, 1, 1, t) > 0
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(d // h)
+        scores = ops.where(allowed, scores, ops.full_like(scores, -1e4))   # (float16's range)
         y = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, d)
         x = x + self.proj(y)
         return x + self.down(ops.gelu(self.up(self.norm2(x)))), keep
@@ -69,7 +70,8 @@ class Head(nn.Cell):
         self.table = embed.token.embedding_table if embed else nn.Embedding(VOCAB, width).embedding_table
 
     def construct(self, x, keep):
-        return ops.matmul(self.norm(x), self.table.T)
+        x = self.norm(x)      # (a Parameter read directly is cast to the compute dtype by hand)
+        return ops.matmul(x, self.table.T.astype(x.dtype))
 
 
 def gpt_layers(layers=4, width=64, heads=4, context=max(BUCKETS), tied=True):

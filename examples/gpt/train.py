@@ -22,7 +22,7 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
-from pipe.cli import Parser, add_layout_flags, positive_int, run  # noqa: E402
+from pipe.cli import Parser, add_layout_flags, add_precision_flag, positive_int, run  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -30,6 +30,7 @@ from pipe.engine import PipelineEngine  # noqa: E402
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=32)
+    add_precision_flag(p)
     p.add_argument("--defer-wgrad", action="store_true", help="weight gradients once per step")
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
     p.add_argument("--width", type=positive_int, default=64, help="model width (4 heads)")
@@ -66,7 +67,7 @@ def train(args, wire=None):
     config = PipelineConfig(stages=args.stages, data_parallel=args.data_parallel,
                             micro_batches=args.micro_batches, batch_size=args.batch_size,
                             schedule=args.schedule, defer_wgrad=args.defer_wgrad,
-                            device=device, seed=args.seed)
+                            device=device, seed=args.seed, precision=args.precision)
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)
     say = print if engine.wire.rank == 0 else (lambda *a, **k: None)

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
-from pipe.cli import Parser, add_layout_flags, positive_int  # noqa: E402
+from pipe.cli import Parser, add_layout_flags, add_precision_flag, positive_int  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
@@ -46,6 +46,7 @@ def _probability(text):
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=64)
+    add_precision_flag(p)
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
@@ -124,7 +125,7 @@ def train(args, wire=None):
                             recompute=args.recompute, partition=args.partition,
                             clip_grad_norm=args.clip_grad_norm, seed=args.seed,
                             chunks=args.chunks, defer_wgrad=args.defer_wgrad,
-                            one_graph=args.one_graph)
+                            one_graph=args.one_graph, precision=args.precision)
     sample = np.zeros((args.batch_size // (args.data_parallel * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0
