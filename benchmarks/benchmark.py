@@ -62,6 +62,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class Float32Loss(nn.Cell):
+    """`loss_fn` on float32 logits (MindSpore's GPU cross-entropy takes no float16)."""
+
+    def __init__(self, loss_fn):
+        super().__init__()
+        self.loss_fn = loss_fn
+
+    def construct(self, logits, labels):
+        return self.loss_fn(logits.astype(ms.float32), labels)
+
+
 def own_random_weights(model, first, last, seed):
     """Give layers first..last-1 real random weights (HeUniform, as nn.Dense would)."""
     ms.set_seed(seed + first)
@@ -109,9 +120,10 @@ def main(argv=None):
     if args.impl == "builtin":
         stage, replica = rank // D, rank % D
         own_random_weights(model, *bounds[stage], seed=0)
-        if args.precision == "fp16":     # its layers cast as pipe's are (no loss scale:
-            for layer in model.cells():  # MindSpore's pipeline documents no mixed precision)
+        if args.precision == "fp16":     # its layers cast as pipe's are, the loss float32 (no
+            for layer in model.cells():  # loss scale: its pipeline documents no mixed precision)
                 layer.to_float(ms.float16)
+            loss_fn = Float32Loss(loss_fn)
         optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
         step = builtin_train_step(model, loss_fn, optimizer, P, args.micro_batches, bounds)
         rows = args.batch_size // D
