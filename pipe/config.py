@@ -8,7 +8,6 @@ from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 from pipe.core.config import Config
-from pipe.precision import BF16_REFUSED
 from pipe.schedules import CHUNKS
 
 __all__ = ["PipelineConfig", "as_flags"]
@@ -47,7 +46,9 @@ class PipelineConfig(Config):
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if self.precision == "bf16":
-            raise ValueError(BF16_REFUSED)
+            raise ValueError("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 "
+                             "kernels on CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul "
+                             "on CPU); use precision='fp16' (with loss scaling) or precision='fp32'")
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision={self.precision!r} must be 'fp32' or 'fp16'")
         if not 1 <= self.loss_scale < float("inf"):

@@ -23,11 +23,8 @@ from mindspore import nn, ops
 
 from pipe.core.chunk import KeepInput, LayerGrad
 
-__all__ = ["MixedPrecision", "LossScaler", "to_half", "check_layer_precision", "BF16_REFUSED"]
+__all__ = ["MixedPrecision", "LossScaler", "to_half", "check_layer_precision"]
 
-BF16_REFUSED = ("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 kernels on "
-                "CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul on CPU); use "
-                "precision='fp16' (with loss scaling) or precision='fp32'")
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 

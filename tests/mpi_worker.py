@@ -3,8 +3,8 @@
     mpiexec -n 4 python tests/mpi_worker.py '[[2, ["--stages", "2", "--save", "/tmp/a"]], ...]'
 
 A configuration is the example's flags (a list: examples/mnist/train.py) or a dict for
-tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py), which drives
-the engine directly.
+tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py; "core",
+tests/core_check.py), which drives the engine directly.
 
 Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "mnist"))
+import core_check  # noqa: E402
 import gpt_run  # noqa: E402
 import mlp_run  # noqa: E402
 import train  # noqa: E402
@@ -47,16 +48,18 @@ def waves(configs, world):
 
 def run(flags, communicator):
     if isinstance(flags, dict):
-        run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run}.get(
-            flags.get("model"), mlp_run.pipe_run)
+        run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run,
+                    "core": core_check.pipe_run}.get(flags.get("model"), mlp_run.pipe_run)
         engine, result = run_spec(flags, communicator)
         save = flags["save"]
     else:
         args = train.parse_args(flags)
         result, save = train.train(args, DeadlineWire(120.0, communicator)), args.save
         engine = result.pop("engine")
-    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in engine.layout.buffers}
+    buffers = engine.layout.buffers if hasattr(engine, "layout") else []    # (core: none)
+    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in buffers}
     if save:
+        os.makedirs(save, exist_ok=True)
         with open(os.path.join(save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:
             json.dump(result, f)
 

@@ -1,26 +1,47 @@
 """pipe.core alone: GPipe and 1F1B train what one process trains, and core stays whole.
 
-`core_check.py` imports nothing from pipe outside pipe.core; it runs every configuration
-in one 4-rank launch and compares each rank's weights and losses with TrainOneStepCell.
+`core_check.py` imports nothing from pipe outside pipe.core; its configurations train in
+the suite's one launch (conftest.trained), and every rank's weights and losses are
+compared here with TrainOneStepCell.
 """
 import ast
 import os
 
-from launch import ROOT, run_check
+import mindspore as ms
+import numpy as np
+import pytest
+
+from core_check import one_process
+from launch import ROOT, results
 
 CORE = os.path.join(ROOT, "pipe", "core")
-LAYOUTS = ["gpipe 2x1", "1f1b 2x1", "gpipe 3x1", "1f1b 3x1", "gpipe 2x2", "1f1b 2x2"]
+LAYOUTS = [("gpipe", 2, 1), ("1f1b", 2, 1), ("gpipe", 3, 1), ("1f1b", 3, 1), ("gpipe", 2, 2),
+           ("1f1b", 2, 2)]
 
 
-def test_core_alone_trains_gpipe_and_1f1b_as_one_process():
-    job = run_check("core_check.py", 4, timeout=300)
-    assert job.returncode == 0, job.stderr[-3000:]
-    lines = [line for line in job.stdout.splitlines() if " rank " in line]
-    for layout in LAYOUTS:
-        stages, replicas = map(int, layout.split()[1].split("x"))
-        mine = [line for line in lines if line.startswith(layout + " rank ")]
-        assert len(mine) == stages * replicas, (layout, lines)
-        assert all("equal to one process" in line for line in mine), mine
+def matrix(root):
+    return [(p * d, {"model": "core", "save": str(root / f"core-{s}-{p}x{d}"),
+                     "config": {"schedule": s, "stages": p, "data_parallel": d}})
+            for s, p, d in LAYOUTS]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    return one_process()
+
+
+@pytest.mark.parametrize("schedule,stages,data_parallel", LAYOUTS)
+def test_core_alone_trains_gpipe_and_1f1b_as_one_process(trained, plain, schedule, stages,
+                                                         data_parallel):
+    want, want_losses = plain
+    ranks = results(trained / f"core-{schedule}-{stages}x{data_parallel}")
+    assert len(ranks) == stages * data_parallel
+    for rank, got in ranks.items():
+        np.testing.assert_allclose(got["losses"], want_losses, rtol=1e-6, err_msg=f"rank {rank}")
+        for name, value in got["weights"].items():
+            np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-6, err_msg=name)
 
 
 def core_modules():

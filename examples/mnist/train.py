@@ -106,7 +106,7 @@ def build_model(layers, hidden, inputs=784, init="he_uniform"):
 
 def train(args, wire=None):
     """Train as `args` say; returns what this rank saw: the loss of every step, the
-    held-out accuracy and the peak activation memory. `wire` overrides the launcher's."""
+    held-out accuracy, the peak activation memory and the data used. `wire` overrides the launcher's."""
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(device)
@@ -175,7 +175,8 @@ def train(args, wire=None):
     if args.save:
         engine.save(args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
-    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine}
+    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine,
+            "data": source, "samples": [len(train_x), len(test_x)]}
 
 
 def _report(error):
