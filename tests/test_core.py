@@ -14,6 +14,8 @@ import pytest
 from core_check import one_process
 from launch import ROOT, results
 
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
 CORE = os.path.join(ROOT, "pipe", "core")
 LAYOUTS = [("gpipe", 2, 1), ("1f1b", 2, 1), ("gpipe", 3, 1), ("1f1b", 3, 1), ("gpipe", 2, 2),
            ("1f1b", 2, 2)]
@@ -27,8 +29,6 @@ def matrix(root):
 
 @pytest.fixture(scope="module")
 def plain():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
     return one_process()
 
 

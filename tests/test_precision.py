@@ -11,10 +11,17 @@ products round differently, 1e-3 of a weight's change.
 import numpy as np
 import pytest
 
-from launch import load, results
-from mlp_run import plain_fp16_run
-from pipe.checkpoint import latest
+import mindspore as ms
+from mindspore import nn
 
+from launch import load, results
+from mlp_run import LOSS, batches, build_model, plain_fp16_run
+from pipe.checkpoint import latest
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
 SEED, SCALE = 7, 2.0 ** 14
 CASES = {"1f1b-2x1": dict(schedule="1f1b", stages=2),
          "gpipe-3x1": dict(schedule="gpipe", stages=3),
@@ -67,12 +74,32 @@ def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
     assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
 
 
-def test_activations_cross_the_stages_in_float16(trained):
+def test_activations_cross_the_stages_in_float16_and_gradients_sum_in_float32(trained):
     for name in CASES:
         for rank, result in results(trained / f"fp16-{name}").items():
             assert result["wire_dtypes"] == ["Float16"], (name, rank)
+            assert result["grad_dtypes"] == ["Float32"], (name, rank)
 
 
 def test_the_loss_scale_is_saved_with_the_checkpoint(trained):
     _, meta = latest(str(trained / "fp16-overflow-1f1b-2x2"))
     assert (meta["loss_scale"], meta["loss_scale_clean_steps"]) == (SCALE / 2, 1)
+
+
+def test_a_resumed_run_goes_on_with_the_saved_loss_scale(tmp_path):
+    """With a window of 1 the scale doubles every clean step: 2 steps, save, resume into
+    a fresh engine, 1 step: the scale the uninterrupted 3 steps reach."""
+    def engine():
+        config = PipelineConfig(batch_size=16, micro_batches=2, precision="fp16", loss_scale=8.0,
+                                loss_scale_window=1)
+        return PipelineEngine(build_model(SEED), LOSS, lambda ps: nn.SGD(ps, 0.1), config)
+    data = batches(SEED, steps=3)
+    first = engine()
+    for x, y in data[:2]:
+        first.train_step(x, y)
+    first.save(str(tmp_path), 2)
+    resumed = engine()
+    resumed.resume(str(tmp_path))
+    assert resumed.scaler.value == first.scaler.value == 32.0
+    resumed.train_step(*data[2])
+    assert resumed.scaler.value == 64.0
