@@ -3,8 +3,8 @@
 Each feature overrides a seam of core's chunk and calls core through `super()`:
 dropout masks (pipe.dropout), ReLU keeping its output (pipe.relu), the split backward's
 I and W (pipe.split_backward), batch norm's buffers (pipe.batchnorm), a (sum, count)
-loss (pipe.normalized_loss), float16 compute (pipe.precision), and with `RecomputedChunk` activation recomputation
-(pipe.recompute).
+loss (pipe.normalized_loss), float16 compute (pipe.precision), and with
+`RecomputedChunk` activation recomputation (pipe.recompute).
 """
 from pipe.batchnorm import BatchNorm
 from pipe.core import chunk as core

@@ -17,6 +17,10 @@ every rank skips the step and halves S; after `window` clean steps S doubles. Th
 rule of MindSpore's DynamicLossScaleUpdateCell and torch's GradScaler; S starts at 2**16,
 GradScaler's start (MindSpore's DynamicLossScaleManager starts at 2**24, which overflows
 float16 on its first steps).
+
+The cost: each compiled call casts its layers' weights to float16 again (per micro-batch
+in the per-action loop; once per step as one graph, where the compiler merges the casts),
+which at float16 speed is a large share of a step (docs/benchmarks.md section 18).
 """
 import mindspore as ms
 from mindspore import nn, ops

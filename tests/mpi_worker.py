@@ -4,7 +4,7 @@
 
 A configuration is the example's flags (a list: examples/mnist/train.py) or a dict for
 tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py; "core",
-tests/core_check.py), which drives the engine directly.
+"predict", "tied": tests/<model>_check.py), which drives the engine directly.
 
 Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import core_check  # noqa: E402
 import gpt_run  # noqa: E402
 import mlp_run  # noqa: E402
+import predict_check  # noqa: E402
+import tied_check  # noqa: E402
 import train  # noqa: E402
 from pipe.deadlines import DeadlineWire  # noqa: E402
 
@@ -49,7 +51,8 @@ def waves(configs, world):
 def run(flags, communicator):
     if isinstance(flags, dict):
         run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run,
-                    "core": core_check.pipe_run}.get(flags.get("model"), mlp_run.pipe_run)
+                    "core": core_check.pipe_run, "predict": predict_check.pipe_run,
+                    "tied": tied_check.pipe_run}.get(flags.get("model"), mlp_run.pipe_run)
         engine, result = run_spec(flags, communicator)
         save = flags["save"]
     else:

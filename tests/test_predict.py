@@ -1,14 +1,23 @@
 """Pipeline inference returns the single-process forward: on every rank with result
-broadcast, on the last stage only without it (tests/predict_check.py)."""
+broadcast, on the last stage only without it (tests/predict_check.py, in the suite's one
+launch: conftest.trained)."""
 import pytest
 
-from launch import run_check
+from launch import results
+
+LAYOUTS = [(3, 1), (2, 2)]
 
 
-@pytest.mark.parametrize("stages,data_parallel", [(3, 1), (2, 2)])
-def test_predict_matches_single_process(stages, data_parallel):
-    done = run_check("predict_check.py", stages * data_parallel, stages, data_parallel)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank, out in enumerate(done.outs):
+def matrix(root):
+    return [(p * d, {"model": "predict", "save": str(root / f"predict-{p}x{d}"),
+                     "config": {"stages": p, "data_parallel": d}}) for p, d in LAYOUTS]
+
+
+@pytest.mark.parametrize("stages,data_parallel", LAYOUTS)
+def test_predict_matches_single_process(trained, stages, data_parallel):
+    ranks = results(trained / f"predict-{stages}x{data_parallel}")
+    assert sorted(ranks) == list(range(stages * data_parallel))
+    for rank, got in ranks.items():
         last = rank % stages == stages - 1
-        assert out == f"rank {rank}: broadcast outputs equal; own outputs {'equal' if last else 'None'}\n"
+        assert got["broadcast"] is True, rank
+        assert got["own"] is (True if last else None), rank

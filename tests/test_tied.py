@@ -1,15 +1,20 @@
 """A weight shared by the first and last stage (tied embedding and output head) trains like
 one process, its copies stay bitwise equal after every step, and the merged checkpoint
-loads into the unsplit model with nothing left out (tests/tied_check.py), here with two
-replicas; tied layer builders across two stages: tests/test_gpt.py."""
-import pytest
+loads into the unsplit model with nothing left out (tests/tied_check.py, in the suite's
+one launch: conftest.trained), here with two replicas; tied layer builders across two
+stages: tests/test_gpt.py."""
+from launch import results
 
-from launch import run_check
+
+def matrix(root):
+    return [(4, {"model": "tied", "save": str(root / "tied-2x2"),
+                 "config": {"stages": 2, "data_parallel": 2}})]
 
 
-@pytest.mark.parametrize("stages,data_parallel", [(2, 2)])
-def test_tied_weights_train_like_one_process(stages, data_parallel, tmp_path):
-    done = run_check("tied_check.py", stages * data_parallel, stages, data_parallel, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.outs == [f"rank {r}: 5 steps, losses equal, tied copies bitwise equal, "
-                         "checkpoint loads\n" for r in range(stages * data_parallel)]
+def test_tied_weights_train_like_one_process(trained):
+    ranks = results(trained / "tied-2x2")
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, found in ranks.items():
+        assert {k: v for k, v in found.items() if k != "buffers"} == {
+            "losses": True, "copies": True, "table": True, "loads": True, "names": True,
+            "merged": True}, rank

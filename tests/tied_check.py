@@ -1,30 +1,28 @@
-"""Tied embedding/head under mpiexec: trains like one process, copies stay bitwise equal,
-and the merged checkpoint loads into the unsplit model with MindSpore's own calls.
-
-    mpiexec -n 4 python tests/tied_check.py STAGES DP DIR
-"""
+"""Tied embedding/head on the ranks of a communicator (in the suite's one launch:
+tests/mpi_worker.py): trains like one process, copies stay bitwise equal, and the merged
+checkpoint loads into the unsplit model with MindSpore's own calls. `pipe_run` returns
+what each rank found; tests/test_tied.py checks it."""
 import os
 import sys
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tied"))
 from model import batch, build_tied_model  # noqa: E402
-from pipe.core.wire import SoloWire  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
+from pipe.core.wire import SoloWire  # noqa: E402
+from pipe.deadlines import DeadlineWire  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
-stages, data_parallel, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-ms.set_device("CPU")
-loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+STEPS = 5
+LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
-def engine(config, wire=None):
+def engine(config, wire):
     ms.set_seed(4)
-    return PipelineEngine(build_tied_model(), loss_fn, lambda ps: nn.Adam(ps, learning_rate=0.01),
+    return PipelineEngine(build_tied_model(), LOSS, lambda ps: nn.Adam(ps, learning_rate=0.01),
                           config, wire)
 
 
@@ -33,24 +31,30 @@ def table(e):
     return next(p for p in e.layout.params if p.shape == (32, 16)).asnumpy()
 
 
-pipe = engine(PipelineConfig(stages=stages, data_parallel=data_parallel, micro_batches=2, batch_size=8))
-alone = engine(PipelineConfig(micro_batches=2, batch_size=8), SoloWire())
-world = MPI.COMM_WORLD
-holders = [r for r in range(world.size) if r % stages in (0, stages - 1)]
-for step in range(5):
-    tokens, targets = batch(32, 8, step)
-    loss, reference = pipe.train_step(tokens, targets), alone.train_step(tokens, targets)
-    assert abs(loss - reference) < 1e-5, (step, loss, reference)
-    copies = world.allgather(table(pipe) if world.rank in holders else None)
-    assert all(np.array_equal(copies[holders[0]], copies[r]) for r in holders), step
-    if world.rank in holders:
-        np.testing.assert_allclose(table(pipe), table(alone), rtol=1e-4, atol=1e-6)
-pipe.save(directory, 5)
-unsplit = build_tied_model()
-assert ms.load_param_into_net(unsplit, ms.load_checkpoint(f"{directory}/model.ckpt")) == ([], [])
-assert set(pipe.parameters_dict()) <= set(unsplit.parameters_dict()) == set(alone.parameters_dict())
-for name, p in alone.parameters_dict().items():   # MindSpore names the tied table '3.table'
-    np.testing.assert_allclose(unsplit.parameters_dict()[name].asnumpy(), p.asnumpy(),
-                               rtol=1e-4, atol=1e-6, err_msg=name)
-print(f"rank {world.rank}: 5 steps, losses equal, tied copies bitwise equal, checkpoint loads",
-      flush=True)
+def pipe_run(spec, communicator):
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    stages, rank = spec["config"]["stages"], communicator.Get_rank()
+    pipe = engine(PipelineConfig(micro_batches=2, batch_size=8, **spec["config"]),
+                  DeadlineWire(120.0, communicator))
+    alone = engine(PipelineConfig(micro_batches=2, batch_size=8), SoloWire())
+    holders = [r for r in range(communicator.Get_size()) if r % stages in (0, stages - 1)]
+    found = {"losses": True, "copies": True, "table": True}
+    for step in range(STEPS):
+        tokens, targets = batch(32, 8, step)
+        loss, reference = pipe.train_step(tokens, targets), alone.train_step(tokens, targets)
+        found["losses"] &= abs(loss - reference) < 1e-5
+        copies = communicator.allgather(table(pipe) if rank in holders else None)
+        found["copies"] &= all(np.array_equal(copies[holders[0]], copies[r]) for r in holders)
+        if rank in holders:
+            found["table"] &= bool(np.allclose(table(pipe), table(alone), rtol=1e-4, atol=1e-6))
+    pipe.save(spec["save"], STEPS)
+    unsplit = build_tied_model()
+    found["loads"] = ms.load_param_into_net(unsplit, ms.load_checkpoint(
+        os.path.join(spec["save"], "model.ckpt"))) == ([], [])
+    found["names"] = set(pipe.parameters_dict()) <= set(unsplit.parameters_dict()) == \
+        set(alone.parameters_dict())
+    found["merged"] = all(np.allclose(unsplit.parameters_dict()[name].asnumpy(), p.asnumpy(),
+                                      rtol=1e-4, atol=1e-6)      # MindSpore names the tied
+                          for name, p in alone.parameters_dict().items())   # table '3.table'
+    return pipe, found
