@@ -7,32 +7,17 @@ uses the input embedding's table (under ZB-V, two chunks of one rank hold it). `
 is MindSpore's own TrainOneStepCell over the unsplit model (pipe.sequential) and the
 batch's token mean.
 """
-import importlib.util
-import os
-import sys
-
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
+from launch import load_example
 from pipe.builders import LayerBuilders
 from pipe.config import PipelineConfig
 from pipe.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gpt")
-
-
-def load_example(name, file):
-    """A module of examples/gpt, by path: `model` and `train` are names other examples use
-    too. Registered in sys.modules, where MindSpore's compiler looks for a layer's module."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLE, file))
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gpt = load_example("gpt_model", "model.py")
+gpt = load_example("gpt_model", "gpt", "model.py")
 
 SIZE = dict(layers=2, width=16, heads=2, context=16)
 BATCH, LENGTHS = 8, (16, 8, 16)       # the third step has the first's shapes again
@@ -99,5 +84,5 @@ def pipe_run(spec, communicator):
 
 def example_run(spec, communicator):
     """examples/gpt/train.py with `spec["argv"]`, on the ranks of `communicator`."""
-    example = load_example("gpt_train", "train.py")
+    example = load_example("gpt_train", "gpt", "train.py")
     return example.train(example.parse_args(spec["argv"]), DeadlineWire(120.0, communicator)), {}

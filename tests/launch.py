@@ -3,6 +3,7 @@
 Every rank's stdout and stderr go to files of their own (mpiexec's -outfile-pattern), so
 two ranks' lines can never merge into one: a test reads `job.outs[rank]` / `job.errs[rank]`.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -108,6 +109,16 @@ def run_many(configs, timeout=900):
     payload = json.dumps([[n, [str(f) for f in flags] if isinstance(flags, list) else flags]
                           for n, flags in configs], default=str)
     return Job(ranks, [sys.executable, WORKER, payload]).wait(timeout)
+
+
+def load_example(name, *path):
+    """A module of examples/ by its path (`"gpt", "model.py"`), under `name`: `model` and
+    `train` are names several examples use, and one launch runs them all. Registered in
+    sys.modules, where MindSpore's compiler looks for a layer's module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", *path))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load(path):

@@ -3,18 +3,18 @@ tests/mpi_worker.py): trains like one process, copies stay bitwise equal, and th
 checkpoint loads into the unsplit model with MindSpore's own calls. `pipe_run` returns
 what each rank found; tests/test_tied.py checks it."""
 import os
-import sys
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tied"))
-from model import batch, build_tied_model  # noqa: E402
-from pipe.config import PipelineConfig  # noqa: E402
-from pipe.core.wire import SoloWire  # noqa: E402
-from pipe.deadlines import DeadlineWire  # noqa: E402
-from pipe.engine import PipelineEngine  # noqa: E402
+from launch import load_example
+from pipe.config import PipelineConfig
+from pipe.core.wire import SoloWire
+from pipe.deadlines import DeadlineWire
+from pipe.engine import PipelineEngine
+
+tied = load_example("tied_model", "tied", "model.py")   # (examples/gpt has a `model` too)
 
 STEPS = 5
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -22,7 +22,7 @@ LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 def engine(config, wire):
     ms.set_seed(4)
-    return PipelineEngine(build_tied_model(), LOSS, lambda ps: nn.Adam(ps, learning_rate=0.01),
+    return PipelineEngine(tied.build_tied_model(), LOSS, lambda ps: nn.Adam(ps, learning_rate=0.01),
                           config, wire)
 
 
@@ -41,7 +41,7 @@ def pipe_run(spec, communicator):
     holders = [r for r in range(communicator.Get_size()) if r % stages in (0, stages - 1)]
     found = {"losses": True, "copies": True, "table": True}
     for step in range(STEPS):
-        tokens, targets = batch(32, 8, step)
+        tokens, targets = tied.batch(32, 8, step)
         loss, reference = pipe.train_step(tokens, targets), alone.train_step(tokens, targets)
         found["losses"] &= abs(loss - reference) < 1e-5
         copies = communicator.allgather(table(pipe) if rank in holders else None)
@@ -49,7 +49,7 @@ def pipe_run(spec, communicator):
         if rank in holders:
             found["table"] &= bool(np.allclose(table(pipe), table(alone), rtol=1e-4, atol=1e-6))
     pipe.save(spec["save"], STEPS)
-    unsplit = build_tied_model()
+    unsplit = tied.build_tied_model()
     found["loads"] = ms.load_param_into_net(unsplit, ms.load_checkpoint(
         os.path.join(spec["save"], "model.ckpt"))) == ([], [])
     found["names"] = set(pipe.parameters_dict()) <= set(unsplit.parameters_dict()) == \
