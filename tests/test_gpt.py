@@ -6,9 +6,6 @@ tied to the input embedding, given as layer builders (tests/gpt_run.py).
 The pipelines run in the shared launch (conftest.trained); the reference is MindSpore's
 TrainOneStepCell over the unsplit model and the whole batch's token mean, in this process.
 """
-import os
-import sys
-
 import mindspore as ms
 import numpy as np
 import pytest
@@ -19,7 +16,6 @@ from pipe.builders import LayerBuilders
 
 SEED = 11
 CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the tied head on rank 0
-    "gpt-zb-v-2x1": (2, dict(stages=2, schedule="zb-v")),
     "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True)),
 }
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then

@@ -5,8 +5,8 @@ from launch import results
 
 
 def matrix(root):
-    return [(2, ["--stages", 2, "--data", "mnist", "--data-dir", "/nonexistent", "--steps", 250,
-                 "--log-every", 50, "--one-graph", "--save", root / "mnist"])]
+    return [(2, ["--stages", 2, "--data", "mnist", "--data-dir", "/nonexistent", "--steps", 120,
+                 "--lr", 0.003, "--log-every", 60, "--one-graph", "--save", root / "mnist"])]
 
 
 def test_two_stage_pipeline_learns_real_digits(trained):

@@ -1,14 +1,11 @@
 """Layers a user may bring that pipe must refuse or report, shared by the in-process tests
 and the multi-rank checks (tests/failure_check.py)."""
-import os
-import sys
-
 import mindspore as ms
 from mindspore import nn, ops
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples", "tied"))
-from model import TiedHead  # noqa: E402,F401  (the output head that reuses an embedding)
+from launch import load_example
+
+TiedHead = load_example("tied_model", "tied", "model.py").TiedHead   # reuses an embedding
 
 
 class Attending(nn.Cell):
