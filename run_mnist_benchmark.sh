@@ -48,6 +48,10 @@ else
   DEVICE=CPU; FOUND=2
 fi
 DEVICES=${DEVICES:-$FOUND}
+if [ "$LAYOUT" != all ]; then   # a layout the devices cannot hold: say so, before any run
+  NEED=$(( ${LAYOUT%x*} * ${LAYOUT#*x} ))
+  [ "$NEED" -le "$DEVICES" ] || bad "--layout $LAYOUT needs $NEED devices, and there are $DEVICES ($DEVICE): use a layout of at most $DEVICES, or --devices N"
+fi
 OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl

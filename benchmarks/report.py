@@ -10,12 +10,20 @@ cost of micro-batching; the bound on it is m/(m+p-1) (data parallelism assumed f
 """
 import csv
 import json
+import math
 from collections import defaultdict
 
 from pipe.cli import Parser, existing_file
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
-           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_rank0"]
+           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
+NOTES = {
+    "-": "-: not measured in these results (speedup and efficiencies need pipe's one-device run "
+         "of the same model: --layout all, or 1x1 too; the built-in has no bound)",
+    "host": "host_us_per_action: rank 0's median host microseconds per action kind, issuing the "
+            "work, not waiting for it (F forward, B backward, I input gradient, W weight "
+            "gradient, W* all micro-batches' W, sF/sB/rF/rB sends and receives)",
+}
 
 
 def host_line(ranks):
@@ -45,7 +53,7 @@ def summarize(lines):
                      "step_ms": step, "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
-                     "host_us_rank0": host_line(ranks)})
+                     "host_us_per_action": host_line(ranks)})
     def single(row, micro_batches):       # pipe's one device, run the same way (graph or not,
         impl = "pipe-graph" if row["impl"] == "pipe-graph" else "pipe"     # W deferred or not)
         found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == impl
@@ -61,12 +69,22 @@ def summarize(lines):
     return rows
 
 
+def cell(value):
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.2f}"
+    return str(value)
+
+
 def format_table(rows):
-    def cell(value):
-        return f"{value:.2f}" if isinstance(value, float) else str(value)
+    """The table, then a footnote for each kind of entry that needs one."""
     table = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table)
+    lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
+    if any(v == "-" for line in table[1:] for v in line[7:11]):
+        lines.append(NOTES["-"])
+    if any(r["host_us_per_action"] != "-" for r in rows):
+        lines.append(NOTES["host"])
+    return "\n".join(lines)
 
 
 def main(path):

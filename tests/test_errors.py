@@ -50,6 +50,12 @@ def test_damaged_mnist_file_is_named(tmp_path):
 @pytest.mark.parametrize("cmd,message", [
     (["./run_mnist_benchmark.sh", "--layout", "3"],
      "error: --layout 3: use PxD (stages x replicas, e.g. 2x1) or all\n"),
+    (["./run_mnist_benchmark.sh", "--layout", "4x1", "--devices", "2"],
+     "error: --layout 4x1 needs 4 devices, and there are 2 (CPU): use a layout of at most 2, "
+     "or --devices N\n"),
+    (["./run_mnist_benchmark.sh", "--precision", "bf16"],
+     "error: --precision bf16: MindSpore 2.10 has no bfloat16 kernels on CPU or GPU; use fp16 or "
+     "fp32\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),

@@ -258,7 +258,6 @@ def matrix(root):
         run("clip-single", 1, "--micro-batches", 4, "--clip-grad-norm", 0.05),
         run("1f1b-2x1", 2, "--micro-batches", 2, "--stages", 2),
         run("zb-h1-3x1", 3, "--micro-batches", 2, "--stages", 3, "--schedule", "zb-h1"),
-        run("gpipe-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--schedule", "gpipe"),
         run("clip-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--clip-grad-norm", 0.05),
         run("own-single-m2", 1, "--micro-batches", 2, "--build", "own"),
         run("own-zb-v-2x1", 2, "--micro-batches", 2, "--stages", 2, "--schedule", "zb-v", "--build", "own"),
@@ -295,10 +294,9 @@ def test_cnn_built_layer_by_layer_trains_like_one_process(cnn):
 
 
 def test_cnn_replicas_share_their_statistics(cnn):
-    """Replicas average their moving statistics after every step (documented choice); the
-    weights equal one process that sees the same 4 micro-batches."""
-    (got, ranks), (want, _) = cnn["gpipe-2x2"], cnn["single-m4"]
-    assert_same(got, want, [name for name in want if "moving" not in name])
+    """Replicas average their moving statistics after every step (documented choice): the
+    2x2 run's (clipped, like one process: the next test) are equal across its replicas."""
+    _, ranks = cnn["clip-2x2"]
     assert ranks[0]["buffers"] == ranks[2]["buffers"] and ranks[1]["buffers"] == ranks[3]["buffers"]
     assert ranks[0]["buffers"]
 

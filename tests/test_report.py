@@ -1,0 +1,23 @@
+"""benchmarks/report.py: the table a user reads, with a footnote for what was not measured."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from report import NOTES, format_table, summarize  # noqa: E402
+
+
+def row(rank, stage, step_ms, **extra):
+    return json.dumps({"layers": 8, "hidden": 1024, "batch_size": 64, "impl": "pipe", "stages": 2,
+                       "data_parallel": 1, "schedule": "1f1b", "micro_batches": 4, "rank": rank,
+                       "stage": stage, "step_ms": step_ms, "peak_memory_bytes": 2**30, **extra})
+
+
+def test_a_run_without_its_one_device_baseline_shows_a_dash_and_says_why():
+    lines = format_table(summarize([row(0, 0, 8.0, host_us={"F": 250}), row(1, 1, 9.0)])).splitlines()
+    assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s",
+                                "speedup", "efficiency", "pipeline_eff", "bound",
+                                "peak_mem_per_stage_GiB", "host_us_per_action"]
+    assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "7111.11", "-",
+                                "-", "-", "0.80", "1.00", "1.00", "F", "250"]
+    assert lines[2:] == [NOTES["-"], NOTES["host"]]
