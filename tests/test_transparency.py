@@ -13,7 +13,7 @@ from launch import load, results
 from mlp_run import build_model, plain_run
 
 SEED = 7
-LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1), (4, 2)]
+LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1)]
 CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
 ONE_GRAPH = [("zb-v", 2, 2)]       # the V's local turn, split backward, two replicas
