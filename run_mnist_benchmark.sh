@@ -57,8 +57,13 @@ mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
-launch() {  # launch N ARGS...: one benchmark run on N processes
-  local n=$1; shift
+COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
+launch() {  # launch N WHAT ARGS...: one benchmark run on N processes, its progress line first
+  local n=$1 what=$2; shift 2
+  if [ "$COUNTING" = 1 ]; then TOTAL=$((TOTAL + 1)); return 0; fi
+  DONE=$((DONE + 1))
+  local t=$(( $(date +%s) - T0 ))
+  printf '  [%d/%d, %d:%02d elapsed] %s\n' "$DONE" "$TOTAL" $((t / 60)) $((t % 60)) "$what"
   set -- "$@" --precision "$PRECISION"
   if [ "$n" -eq 1 ]; then
     python benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
@@ -70,6 +75,7 @@ launch() {  # launch N ARGS...: one benchmark run on N processes
       --results "$RESULTS" "$@" > "$OUT/logs/last.out" 2>&1 || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
   fi
 }
+say() { [ "$COUNTING" = 1 ] || echo "$@"; }
 
 wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
@@ -77,45 +83,50 @@ wanted "$IMPL" pipe && PIPES="$PIPES pipe"
 wanted "$IMPL" pipe-graph && PIPES="$PIPES pipe-graph"
 flags_of() { echo $DEFER; if [ "$1" = pipe-graph ]; then echo --one-graph; fi; }
 
-for model in small large; do
-  wanted "$MODEL" "$model" || continue
-  if [ $model = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"
-  else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
-  echo "== $model MLP: $SIZE"
-  if wanted "$LAYOUT" 1x1; then
-    for impl in $PIPES; do
-      launch 1 $SIZE --stages 1 --micro-batches 1 $(flags_of $impl)
-      done_m=" "
-      for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
-        [ $P -le "$DEVICES" ] || continue
-        if [ $model = small ]; then M=4; else M=$((4 * P)); fi
-        case "$done_m" in *" $M "*) continue ;; esac
-        done_m="$done_m$M "
-        launch 1 $SIZE --stages 1 --micro-batches $M $(flags_of $impl)
+sweep() {  # every wanted run, in order (run once counting, once for real)
+  for model in small large; do
+    wanted "$MODEL" "$model" || continue
+    if [ $model = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"
+    else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
+    say "== $model MLP: $SIZE"
+    if wanted "$LAYOUT" 1x1; then
+      for impl in $PIPES; do
+        launch 1 "$impl 1x1 M=1" $SIZE --stages 1 --micro-batches 1 $(flags_of $impl)
+        done_m=" "
+        for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
+          [ $P -le "$DEVICES" ] || continue
+          if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+          case "$done_m" in *" $M "*) continue ;; esac
+          done_m="$done_m$M "
+          launch 1 "$impl 1x1 M=$M" $SIZE --stages 1 --micro-batches $M $(flags_of $impl)
+        done
       done
-    done
-    wanted "$IMPL" builtin && launch 1 $SIZE --impl builtin --stages 1 --micro-batches 1
-  fi
-  for P in 1 2 4 8; do for D in 1 2 4 8; do
-    n=$((P * D))
-    [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
-    if [ $model = small ]; then M=4; else M=$((4 * P)); fi
-    if [ $P -eq 1 ]; then
-      for impl in $PIPES; do launch $n $SIZE --data-parallel $D --micro-batches 1 $(flags_of $impl); done
-      continue
+      wanted "$IMPL" builtin && launch 1 "builtin 1x1" $SIZE --impl builtin --stages 1 --micro-batches 1
     fi
-    for impl in $PIPES; do for schedule in $NAMES; do
-      wanted "$SCHEDULE" $schedule || continue
-      if [ $schedule = dualpipe-v ] && [ $M -lt $((2 * P)) ]; then
-        echo "  $impl ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
-      extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule-$impl.json"
-      echo "  $impl ${P}x${D} $schedule M=$M"
-      launch $n $SIZE --stages $P --data-parallel $D --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $(flags_of $impl)
+    for P in 1 2 4 8; do for D in 1 2 4 8; do
+      n=$((P * D))
+      [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
+      if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+      if [ $P -eq 1 ]; then
+        for impl in $PIPES; do
+          launch $n "$impl 1x$D" $SIZE --data-parallel $D --micro-batches 1 $(flags_of $impl)
+        done
+        continue
+      fi
+      for impl in $PIPES; do for schedule in $NAMES; do
+        wanted "$SCHEDULE" $schedule || continue
+        if [ $schedule = dualpipe-v ] && [ $M -lt $((2 * P)) ]; then
+          say "  $impl ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
+        extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule-$impl.json"
+        launch $n "$impl ${P}x${D} $schedule M=$M" $SIZE --stages $P --data-parallel $D \
+          --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $(flags_of $impl)
+      done; done
+      if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
+        launch $n "builtin ${P}x${D} M=$M" $SIZE --impl builtin --stages $P --data-parallel $D \
+          --micro-batches $M --steps "$STEPS"
+      fi
     done; done
-    if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
-      echo "  builtin ${P}x${D} M=$M"
-      launch $n $SIZE --impl builtin --stages $P --data-parallel $D --micro-batches $M --steps "$STEPS"
-    fi
-  done; done
-done
+  done
+}
+COUNTING=1; sweep; COUNTING=0; sweep
 python benchmarks/report.py "$RESULTS"

@@ -103,9 +103,10 @@ def run_check(script, ranks, *args, timeout=300):
     return Job(ranks, [sys.executable, os.path.join(ROOT, "tests", script), *map(str, args)]).wait(timeout)
 
 
-def run_many(configs, timeout=900):
-    """Several (ranks, flags or mlp_run spec) trainings in one mpiexec launch (mpi_worker.py)."""
-    ranks = max(n for n, _ in configs)
+def run_many(configs, timeout=900, world=1):
+    """Several (ranks, flags or mlp_run spec) trainings in one mpiexec launch (mpi_worker.py),
+    of at least `world` ranks: more side by side keep the cores busy while some wait."""
+    ranks = max(world, *(n for n, _ in configs))
     payload = json.dumps([[n, [str(f) for f in flags] if isinstance(flags, list) else flags]
                           for n, flags in configs], default=str)
     return Job(ranks, [sys.executable, WORKER, payload]).wait(timeout)
