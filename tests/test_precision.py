@@ -2,11 +2,11 @@
 same recipe, MindSpore's own `to_float` and DynamicLossScaleUpdateCell, step by step.
 
 Every layer computes in float16 on float32 weights; the loss is float32, its gradient
-scaled by S. The runs start at S = 2**14, which no step overflows; in `overflow-1f1b-2x2`
-one input of step 3 (in replica 0's rows) makes the first layer's weight gradient
-overflow on that one rank (stage 0, replica 0): every rank must skip that step and halve S
-with the single process. The tolerances are float16's: whole-batch and micro-batch
-products round differently, 1e-3 of a weight's change.
+scaled by S. The runs start at S = 2**14, which no clean step overflows; in ZB-V 2x2 with
+deferred W one input of step 3 (in replica 0's rows) makes the first layer's weight
+gradient overflow on that one rank (stage 0, replica 0, its V's first chunk): every rank
+must skip that step and halve S with the single process. The tolerances are float16's:
+whole-batch and micro-batch products round differently, 1e-3 of a weight's change.
 """
 import numpy as np
 import pytest
@@ -25,8 +25,8 @@ ms.set_device("CPU")
 SEED, SCALE = 7, 2.0 ** 14
 CASES = {"1f1b-2x1": dict(schedule="1f1b", stages=2),
          "gpipe-3x1": dict(schedule="gpipe", stages=3),
-         "zb-v-defer-wgrad-2x2": dict(schedule="zb-v", stages=2, data_parallel=2, defer_wgrad=True),
-         "overflow-1f1b-2x2": dict(schedule="1f1b", stages=2, data_parallel=2),
+         "overflow-zb-v-defer-wgrad-2x2": dict(schedule="zb-v", stages=2, data_parallel=2,
+                                               defer_wgrad=True),
          "one-graph-1f1b-2x1": dict(schedule="1f1b", stages=2, one_graph=True)}
 
 
@@ -61,10 +61,10 @@ def test_fp16_pipeline_equals_one_process(trained, plain, name):
 
 
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(trained, plain):
-    """Step 3's weights stay as they were everywhere, S halves, training goes on as one
-    process's (whose step 3 would otherwise move the weights: the runs differ)."""
+    """ZB-V 2x2 with W deferred: steps 1-2 as one process's, step 3's weights stay as they
+    were everywhere, S halves, training goes on as one process's."""
     assert plain["overflow"][2] == [SCALE, SCALE, SCALE / 2, SCALE / 2]
-    assert_same_run(trained, "overflow-1f1b-2x2", plain["overflow"])
+    assert_same_run(trained, "overflow-zb-v-defer-wgrad-2x2", plain["overflow"])
 
 
 def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
@@ -82,7 +82,7 @@ def test_activations_cross_the_stages_in_float16_and_gradients_sum_in_float32(tr
 
 
 def test_the_loss_scale_is_saved_with_the_checkpoint(trained):
-    _, meta = latest(str(trained / "fp16-overflow-1f1b-2x2"))
+    _, meta = latest(str(trained / "fp16-overflow-zb-v-defer-wgrad-2x2"))
     assert (meta["loss_scale"], meta["loss_scale_clean_steps"]) == (SCALE / 2, 1)
 
 

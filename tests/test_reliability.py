@@ -17,6 +17,24 @@ SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size
          "--log-every", "1", "--seed", "5"]
 
 
+SGD = ["--optimizer", "sgd", "--lr", "0.1"]
+KILLED = [*SMALL, "--stages", 2, "--steps", 30]       # killed after step 3, then resumed
+ADAM_ELSEWHERE = [*SMALL, "--stages", 2, "--data-parallel", 2, "--schedule", "interleaved-1f1b",
+                  "--steps", 4]                       # saved on 2 stages, resumed on these
+SGD_ELSEWHERE = [*SMALL, *SGD, "--steps", 4, "--stages", 3, "--micro-batches", 2]
+
+
+def matrix(root):
+    """The runs these tests compare with or resume from (in the shared launch:
+    conftest.trained): uninterrupted runs, and 2 steps saved (Adam 1F1B; SGD GPipe)."""
+    return [(2, [*KILLED, "--save", root / "kill-whole"]),
+            (4, [*ADAM_ELSEWHERE, "--save", root / "adam-whole"]),
+            (3, [*SGD_ELSEWHERE, "--save", root / "sgd-whole"]),
+            (2, [*SMALL, "--stages", 2, "--steps", 2, "--save", root / "saved"]),
+            (2, [*SMALL, *SGD, "--stages", 2, "--schedule", "gpipe", "--steps", 2,
+                 "--save", root / "saved" / "sgd"])]
+
+
 def start(ranks, *args):
     return Job(ranks, [sys.executable, TRAIN, *map(str, args)])
 
@@ -91,12 +109,10 @@ def test_a_lost_peer_ends_a_run_whose_step_is_one_graph():
         "all-reduce over ranks [0, 1]\nrank 0 (stage 0, replica 0) was in the all-reduce" in err
 
 
-def test_resume_after_a_kill_gives_the_uninterrupted_weights(tmp_path):
+def test_resume_after_a_kill_gives_the_uninterrupted_weights(trained, tmp_path):
     """The kill lands somewhere after step 3 (checkpoints every step); wherever it lands,
     the resumed run must end with the uninterrupted run's weights."""
-    flags = [*SMALL, "--stages", 2, "--steps", 30]
-    whole = run_example(2, *flags, "--save", tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-2000:]
+    flags = KILLED
     job = start(2, *flags, "--save", tmp_path / "cut", "--save-every", 1)
     job.wait_for_line(0, "step     3")
     os.killpg(job.proc.pid, signal.SIGKILL)
@@ -104,23 +120,16 @@ def test_resume_after_a_kill_gives_the_uninterrupted_weights(tmp_path):
     resumed = run_example(2, *flags, "--resume", tmp_path / "cut", "--save", tmp_path / "cut")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from step" in resumed.stdout
-    got, want = load(tmp_path / "cut" / "model.ckpt"), load(tmp_path / "whole" / "model.ckpt")
+    got, want = load(tmp_path / "cut" / "model.ckpt"), load(trained / "kill-whole" / "model.ckpt")
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-SGD = ["--optimizer", "sgd", "--lr", "0.1"]
-
-
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """2 steps on 2 stages saved: (directory, its step directory) with Adam (1F1B), and
-    with SGD (GPipe) under `sgd/`, in one launch."""
-    where = tmp_path_factory.mktemp("saved")
-    done = run_many([(2, [*SMALL, "--stages", 2, "--steps", 2, "--save", where]),
-                     (2, [*SMALL, *SGD, "--stages", 2, "--schedule", "gpipe", "--steps", 2,
-                          "--save", where / "sgd"])])
-    assert done.returncode == 0, done.stderr[-2000:]
+def saved(trained):
+    """2 steps on 2 stages saved (in the shared launch): (directory, its step directory)
+    with Adam (1F1B), and with SGD (GPipe) under `sgd/`."""
+    where = trained / "saved"
     with open(where / "latest") as f:
         return where, where / f.read().strip()
 
@@ -140,22 +149,17 @@ def test_damaged_checkpoint_is_refused(saved, tmp_path, damage):
            "match meta.json): refusing to load it" in done.stderr
 
 
-def test_resume_on_another_layout_equals_an_uninterrupted_run(saved, tmp_path):
+def test_resume_on_another_layout_equals_an_uninterrupted_run(trained, saved, tmp_path):
     """Saved on 2 stages (1F1B, Adam; GPipe, SGD), resumed at step 2 on another layout and
     schedule: weights and optimizer state are resharded by whole-model name, and the run
     ends where an uninterrupted run of the new layout does."""
-    sgd = [*SMALL, *SGD, "--steps", 4]
-    interleaved = ["--stages", 2, "--data-parallel", 2, "--schedule", "interleaved-1f1b"]
-    three_stages = ["--stages", 3, "--micro-batches", 2]
-    runs = {"adam-resumed": (4, [*SMALL, *interleaved, "--steps", 4, "--resume", saved[0]]),
-            "adam-whole": (4, [*SMALL, *interleaved, "--steps", 4]),
-            "sgd-resumed": (3, [*sgd, *three_stages, "--resume", saved[0] / "sgd"]),
-            "sgd-whole": (3, [*sgd, *three_stages])}
+    runs = {"adam-resumed": (4, [*ADAM_ELSEWHERE, "--resume", saved[0]]),
+            "sgd-resumed": (3, [*SGD_ELSEWHERE, "--resume", saved[0] / "sgd"])}
     done = run_many([(n, flags + ["--save", tmp_path / name]) for name, (n, flags) in runs.items()])
     assert done.returncode == 0, done.stderr[-2000:]
     for optimizer in ("adam", "sgd"):
         got = load(tmp_path / f"{optimizer}-resumed" / "model.ckpt")
-        want = load(tmp_path / f"{optimizer}-whole" / "model.ckpt")
+        want = load(trained / f"{optimizer}-whole" / "model.ckpt")
         assert sorted(got) == sorted(want)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6,
