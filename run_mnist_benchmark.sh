@@ -11,12 +11,13 @@
 #          --precision fp32|fp16 (fp16: float16 compute, float32 weights, loss scaling;
 #                                 the built-in gets its layers cast alike, with no loss scale)
 #          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+#          --repeats R (run each configuration R times; the table shows the median run)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32 REPEATS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
@@ -25,7 +26,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
     --defer-wgrad) DEFER=--defer-wgrad; shift ;;
     --precision) PRECISION=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,6 +42,7 @@ NAMES=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 [[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
 [[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"
+[[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || bad "--repeats $REPEATS: use a positive integer"
 [[ -z "$DEVICES" || "$DEVICES" =~ ^[1-9][0-9]*$ ]] || bad "--devices $DEVICES: use a positive integer"
 
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -58,13 +61,17 @@ RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
-launch() {  # launch N WHAT ARGS...: one benchmark run on N processes, its progress line first
+launch() {  # launch N WHAT ARGS...: one configuration on N processes, REPEATS times, after its progress line
   local n=$1 what=$2; shift 2
   if [ "$COUNTING" = 1 ]; then TOTAL=$((TOTAL + 1)); return 0; fi
   DONE=$((DONE + 1))
   local t=$(( $(date +%s) - T0 ))
   printf '  [%d/%d, %d:%02d elapsed] %s\n' "$DONE" "$TOTAL" $((t / 60)) $((t % 60)) "$what"
-  set -- "$@" --precision "$PRECISION"
+  local r
+  for ((r = 0; r < REPEATS; r++)); do run "$n" "$@" --precision "$PRECISION" --repeat $r; done
+}
+run() {  # run N ARGS...: benchmark.py on N processes
+  local n=$1; shift
   if [ "$n" -eq 1 ]; then
     python benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
   elif [ "$DEVICE" = CPU ]; then

@@ -52,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--results", default="benchmark.jsonl")
     p.add_argument("--label", default="", help="names this run in the results")
+    p.add_argument("--repeat", type=int, default=0,
+                   help="which run of this configuration this is (the report takes the median)")
     p.add_argument("--trace", metavar="FILE", help="record one extra step as Chrome trace JSON")
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
     p.add_argument("--recompute", action="store_true")
@@ -156,7 +158,7 @@ def main(argv=None):
                 merge_traces([f"{args.trace}.rank{r}" for r in range(P * D)], args.trace)
 
     impl = "pipe-graph" if args.impl == "pipe" and args.one_graph else args.impl
-    row = {"label": args.label, "impl": impl, "device": device, "stages": P, "data_parallel": D,
+    row = {"label": args.label, "repeat": args.repeat, "impl": impl, "device": device, "stages": P, "data_parallel": D,
            "schedule": (args.schedule + "+W*" * args.defer_wgrad) if args.impl == "pipe" else "builtin",
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,

@@ -2,7 +2,9 @@
 
     python benchmarks/report.py runs/benchmark/results.jsonl
 
-Per run: step time is the slowest rank's median, memory the peak per stage (over replicas).
+Per run: step time is the slowest rank's median; a configuration run several times
+(`--repeat`) shows the median of its runs, `runs` of them. Memory is the peak per stage
+(over replicas and runs).
 Speedup is over the single-device `pipe` run of the same model (one micro-batch: its
 fastest form); efficiency divides it by the number of devices. Pipeline efficiency compares
 with a single device running the same M micro-batches, so it isolates the schedule from the
@@ -11,11 +13,12 @@ cost of micro-batching; the bound on it is m/(m+p-1) (data parallelism assumed f
 import csv
 import json
 import math
+import statistics
 from collections import defaultdict
 
 from pipe.cli import Parser, existing_file
 
-COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s", "speedup",
+COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "speedup",
            "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
 NOTES = {
     "-": "-: not measured in these results (speedup and efficiencies need pipe's one-device run "
@@ -42,7 +45,10 @@ def summarize(lines):
         runs[key].append(row)
     rows = []
     for (layers, hidden, batch, precision, impl, P, D, schedule, M), ranks in runs.items():
-        step = max(r["step_ms"] for r in ranks)
+        repeats = defaultdict(list)
+        for r in ranks:
+            repeats[r.get("repeat", 0)].append(r["step_ms"])
+        step = statistics.median(max(times) for times in repeats.values())
         memory = defaultdict(int)
         for r in ranks:
             memory[r["stage"]] = max(memory[r["stage"]], r["peak_memory_bytes"])
@@ -50,7 +56,7 @@ def summarize(lines):
         model = f"{layers}x{hidden} b{batch}" + (f" {precision}" if precision != "fp32" else "")
         rows.append({"model": model, "layout": f"{P}x{D}", "impl": impl,
                      "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
-                     "step_ms": step, "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
+                     "step_ms": step, "runs": len(repeats), "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_per_action": host_line(ranks)})
@@ -80,7 +86,7 @@ def format_table(rows):
     table = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
-    if any(v == "-" for line in table[1:] for v in line[7:11]):
+    if any(v == "-" for line in table[1:] for v in line[8:12]):
         lines.append(NOTES["-"])
     if any(r["host_us_per_action"] != "-" for r in rows):
         lines.append(NOTES["host"])

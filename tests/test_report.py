@@ -15,9 +15,17 @@ def row(rank, stage, step_ms, **extra):
 
 def test_a_run_without_its_one_device_baseline_shows_a_dash_and_says_why():
     lines = format_table(summarize([row(0, 0, 8.0, host_us={"F": 250}), row(1, 1, 9.0)])).splitlines()
-    assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "samples_per_s",
-                                "speedup", "efficiency", "pipeline_eff", "bound",
+    assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "runs",
+                                "samples_per_s", "speedup", "efficiency", "pipeline_eff", "bound",
                                 "peak_mem_per_stage_GiB", "host_us_per_action"]
-    assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "7111.11", "-",
-                                "-", "-", "0.80", "1.00", "1.00", "F", "250"]
+    assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "1", "7111.11",
+                                "-", "-", "-", "0.80", "1.00", "1.00", "F", "250"]
     assert lines[2:] == [NOTES["-"], NOTES["host"]]
+
+
+def test_a_configuration_run_several_times_shows_its_median_run():
+    """Each run's step is its slowest rank's; the table shows the median run's."""
+    runs = [(0, 9.0, 8.0), (1, 30.0, 31.0), (2, 10.0, 12.0)]      # (repeat, rank 0, rank 1)
+    lines = [row(rank, rank, ms, repeat=r) for r, *ms in runs for rank, ms in enumerate(ms)]
+    [summary] = summarize(lines)
+    assert (summary["step_ms"], summary["runs"]) == (12.0, 3)
