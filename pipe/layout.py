@@ -23,7 +23,7 @@ from pipe.simulator import checked_schedule
 from pipe.step_graph import check_supported
 from pipe.tied import tied_weights
 
-__all__ = ["Layout", "build_layout", "plan", "check_exact"]
+__all__ = ["Layout", "build_layout", "plan", "check_exact", "distinct_params"]
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Layout:
     @cached_property                     # (the chunks are fixed: read every step)
     def params(self):
         """This rank's parameters, each once (a weight two of its chunks hold: once)."""
-        return list({id(p): p for chunk in self.chunks for p in chunk.params}.values())
+        return distinct_params(self.chunks)
 
     @cached_property
     def repeats(self):
@@ -83,6 +83,11 @@ class Layout:
         c = self.config
         return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
                 "chunks": c.chunks, "bounds": [list(b) for b in self.all_bounds]}
+
+
+def distinct_params(chunks):
+    """The chunks' parameters, each once, in order (a weight two chunks hold: once)."""
+    return list({id(p): p for chunk in chunks for p in chunk.params}.values())
 
 
 def check_exact(config, buffers):
@@ -140,9 +145,8 @@ def build_layout(model, loss_fn, config, rank, costs):
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
-    params = list({id(p): p for chunk in chunks for p in chunk.params}.values())
     tied = tied_weights(
-        model, all_bounds, params,
+        model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,
                   chunks, bounds, names, tied)
