@@ -158,7 +158,8 @@ def main(argv=None):
                 merge_traces([f"{args.trace}.rank{r}" for r in range(P * D)], args.trace)
 
     impl = "pipe-graph" if args.impl == "pipe" and args.one_graph else args.impl
-    row = {"label": args.label, "repeat": args.repeat, "impl": impl, "device": device, "stages": P, "data_parallel": D,
+    row = {"label": args.label, "repeat": args.repeat, "impl": impl, "device": device,
+           "stages": P, "data_parallel": D,
            "schedule": (args.schedule + "+W*" * args.defer_wgrad) if args.impl == "pipe" else "builtin",
            "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
            "batch_size": args.batch_size, "rank": rank, "stage": stage,

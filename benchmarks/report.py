@@ -20,6 +20,7 @@ from pipe.cli import Parser, existing_file
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "speedup",
            "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
+DERIVED = ("speedup", "efficiency", "pipeline_eff", "bound")   # from other rows, or "-"
 NOTES = {
     "-": "-: not measured in these results (speedup and efficiencies need pipe's one-device run "
          "of the same model: --layout all, or 1x1 too; the built-in has no bound)",
@@ -56,7 +57,8 @@ def summarize(lines):
         model = f"{layers}x{hidden} b{batch}" + (f" {precision}" if precision != "fp32" else "")
         rows.append({"model": model, "layout": f"{P}x{D}", "impl": impl,
                      "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
-                     "step_ms": step, "runs": len(repeats), "samples_per_s": batch / step * 1e3, "devices": P * D, "P": P,
+                     "step_ms": step, "runs": len(repeats), "samples_per_s": batch / step * 1e3,
+                     "devices": P * D, "P": P,
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_per_action": host_line(ranks)})
@@ -86,7 +88,7 @@ def format_table(rows):
     table = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
-    if any(v == "-" for line in table[1:] for v in line[8:12]):
+    if any(cell(r[c]) == "-" for r in rows for c in DERIVED):
         lines.append(NOTES["-"])
     if any(r["host_us_per_action"] != "-" for r in rows):
         lines.append(NOTES["host"])
