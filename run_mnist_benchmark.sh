@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
-# What pipeline parallelism buys on this machine: pipe's schedules on every layout that fits,
-# next to one device and to MindSpore's built-in pipeline, for a small and a compute-bound MLP.
+# What pipeline parallelism buys on this machine: pipe next to one device, MindSpore's built-in
+# pipeline and torch.distributed.pipelining (when torch is importable), on a small and a
+# compute-bound MLP. With no flags: the headline table, each figure the median of 3 windows.
 #
-#   ./run_mnist_benchmark.sh                       # the whole sweep
-#   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b
+#   ./run_mnist_benchmark.sh                       # headline: ~3 minutes on 2 GPUs
+#   ./run_mnist_benchmark.sh --all                 # every layout, schedule and implementation
+#   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b   (a part of --all)
 #
-# Options: --model small|large|all  --layout PxD|all  --schedule NAME|all
-#          --impl pipe|pipe-graph|builtin|all  (pipe-graph: each step as one compiled graph)
-#          --defer-wgrad (pipe's weight gradients once per step, over all micro-batches)
+# Options: --model small|large|all  --all  --layout PxD|all  --schedule NAME|all
+#          --impl pipe|pipe-graph|builtin|all  (pipe: the per-action loop; pipe-graph: each
+#                                               step as one compiled graph)
+#          --defer-wgrad / --no-defer-wgrad (W once per step over all micro-batches, or per
+#                                            micro-batch; default: pipe chooses)
 #          --precision fp32|fp16 (fp16: float16 compute, float32 weights, loss scaling;
 #                                 the built-in gets its layers cast alike, with no loss scale)
-#          --steps N  --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
-#          --repeats R (run each configuration R times; the table shows the median run)
+#          --steps N (per window)  --repeats R (windows; the table shows the median)
+#          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
-# (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json}.
+# (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=20 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32 REPEATS=1
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=10 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
+REPEATS=3 HEADLINE=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --model) MODEL=$2; shift 2 ;;       --layout) LAYOUT=$2; shift 2 ;;
-    --schedule) SCHEDULE=$2; shift 2 ;; --impl) IMPL=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;       --devices) DEVICES=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;           --trace) TRACE=1; shift ;;
-    --defer-wgrad) DEFER=--defer-wgrad; shift ;;
+    --model) MODEL=$2; shift 2 ;;                  --all) HEADLINE=0; shift ;;
+    --layout) LAYOUT=$2; HEADLINE=0; shift 2 ;;    --schedule) SCHEDULE=$2; HEADLINE=0; shift 2 ;;
+    --impl) IMPL=$2; HEADLINE=0; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;                  --devices) DEVICES=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;                      --trace) TRACE=1; shift ;;
+    --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
     --precision) PRECISION=$2; shift 2 ;;
     --repeats) REPEATS=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,79 +67,122 @@ RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
-launch() {  # launch N WHAT ARGS...: one configuration on N processes, REPEATS times, after its progress line
-  local n=$1 what=$2; shift 2
-  if [ "$COUNTING" = 1 ]; then TOTAL=$((TOTAL + 1)); return 0; fi
+progress() {  # progress WHAT: count a launch (first walk), or say which one runs (second)
+  if [ "$COUNTING" = 1 ]; then TOTAL=$((TOTAL + 1)); return 1; fi
   DONE=$((DONE + 1))
   local t=$(( $(date +%s) - T0 ))
-  printf '  [%d/%d, %d:%02d elapsed] %s\n' "$DONE" "$TOTAL" $((t / 60)) $((t % 60)) "$what"
-  local r
-  for ((r = 0; r < REPEATS; r++)); do run "$n" "$@" --precision "$PRECISION" --repeat $r; done
+  printf '  [%d/%d, %d:%02d elapsed] %s\n' "$DONE" "$TOTAL" $((t / 60)) $((t % 60)) "$1"
 }
-run() {  # run N ARGS...: benchmark.py on N processes
-  local n=$1; shift
+launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS windows in one launch)
+  local n=$1 what=$2; shift 2
+  progress "$what" || return 0
+  set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
+    --precision "$PRECISION" "$@"
   if [ "$n" -eq 1 ]; then
-    python benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" "$@"
+    python benchmarks/benchmark.py "$@"
   elif [ "$DEVICE" = CPU ]; then
-    mpiexec -n "$n" python benchmarks/benchmark.py --device CPU --results "$RESULTS" "$@"
+    mpiexec -n "$n" python benchmarks/benchmark.py "$@"
   else
     msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
-      --log_dir="$OUT/logs" --join=True benchmarks/benchmark.py --device "$DEVICE" \
-      --results "$RESULTS" "$@" > "$OUT/logs/last.out" 2>&1 || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
+      --log_dir="$OUT/logs" --join=True benchmarks/benchmark.py "$@" > "$OUT/logs/last.out" 2>&1 \
+      || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
   fi
+}
+launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, same model and rows
+  local n=$1 what=$2; shift 2
+  progress "$what" || return 0
+  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) \
+    benchmarks/torch_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" "$@" \
+    > "$OUT/logs/torch.out" 2>&1 || { echo "  failed: torch $*"; tail -n 5 "$OUT/logs/torch.out"; }
 }
 say() { [ "$COUNTING" = 1 ] || echo "$@"; }
 
 wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
+size_of() {  # SIZE and M of a model on P stages
+  if [ "$1" = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"; M=4
+  else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; M=$((4 * $2)); fi
+}
+TORCH=0 NO_TORCH="its script runs fp32 only"   # torch is optional: a row when it imports
+if [ "$PRECISION" = fp32 ]; then
+  if python -c "import torch" 2>/dev/null; then TORCH=1; else NO_TORCH="torch is not importable"; fi
+fi
+BEST="zb-v dualpipe-v 1f1b"   # pipe's fastest schedules on both models (docs/performance.md)
+
+headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices
+  P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done
+  for model in small large; do
+    wanted "$MODEL" "$model" || continue
+    size_of $model $P
+    say "== $model MLP: $SIZE"
+    launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
+    [ $P -gt 1 ] || continue
+    launch $P "pipe ${P}x1 M=$M: ${BEST// /, } (pipe chooses W and one graph)" $SIZE --stages $P \
+      --micro-batches $M --schedule "${BEST// /,}" $DEFER
+    if [ "$DEVICE" != CPU ]; then
+      launch $P "MindSpore built-in ${P}x1 M=$M" $SIZE --impl builtin --stages $P --micro-batches $M
+    fi
+    if [ $TORCH = 1 ]; then
+      launch_torch $P "torch.distributed.pipelining ${P}x1 M=$M: ${BEST// /, }" $SIZE \
+        --micro-batches $M --schedule "${BEST// /,}"
+    else
+      say "  (no torch.distributed.pipelining row: $NO_TORCH)"
+    fi
+  done
+}
+
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
 wanted "$IMPL" pipe && PIPES="$PIPES pipe"
 wanted "$IMPL" pipe-graph && PIPES="$PIPES pipe-graph"
-flags_of() { echo $DEFER; if [ "$1" = pipe-graph ]; then echo --one-graph; fi; }
+flags_of() { echo $DEFER; if [ "$1" = pipe-graph ]; then echo --one-graph; else echo --no-one-graph; fi; }
 
-sweep() {  # every wanted run, in order (run once counting, once for real)
+sweep() {  # every wanted run (--all), in order
   for model in small large; do
     wanted "$MODEL" "$model" || continue
-    if [ $model = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"
-    else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; fi
+    size_of $model 1
     say "== $model MLP: $SIZE"
     if wanted "$LAYOUT" 1x1; then
       for impl in $PIPES; do
-        launch 1 "$impl 1x1 M=1" $SIZE --stages 1 --micro-batches 1 $(flags_of $impl)
+        launch 1 "$impl 1x1 M=1" $SIZE --micro-batches 1 $(flags_of $impl)
         done_m=" "
         for P in 2 4 8; do  # one device with each pipeline's M: the pipeline-efficiency reference
           [ $P -le "$DEVICES" ] || continue
-          if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+          size_of $model $P
           case "$done_m" in *" $M "*) continue ;; esac
           done_m="$done_m$M "
-          launch 1 "$impl 1x1 M=$M" $SIZE --stages 1 --micro-batches $M $(flags_of $impl)
+          launch 1 "$impl 1x1 M=$M" $SIZE --micro-batches $M $(flags_of $impl)
         done
       done
-      wanted "$IMPL" builtin && launch 1 "builtin 1x1" $SIZE --impl builtin --stages 1 --micro-batches 1
+      wanted "$IMPL" builtin && launch 1 "builtin 1x1" $SIZE --impl builtin --micro-batches 1
     fi
     for P in 1 2 4 8; do for D in 1 2 4 8; do
       n=$((P * D))
       [ $n -gt 1 ] && [ $n -le "$DEVICES" ] && wanted "$LAYOUT" "${P}x${D}" || continue
-      if [ $model = small ]; then M=4; else M=$((4 * P)); fi
+      size_of $model $P
       if [ $P -eq 1 ]; then
         for impl in $PIPES; do
           launch $n "$impl 1x$D" $SIZE --data-parallel $D --micro-batches 1 $(flags_of $impl)
         done
         continue
       fi
-      for impl in $PIPES; do for schedule in $NAMES; do
+      schedules=""
+      for schedule in $NAMES; do
         wanted "$SCHEDULE" $schedule || continue
         if [ $schedule = dualpipe-v ] && [ $M -lt $((2 * P)) ]; then
-          say "  $impl ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
-        extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}-$schedule-$impl.json"
-        launch $n "$impl ${P}x${D} $schedule M=$M" $SIZE --stages $P --data-parallel $D \
-          --schedule $schedule --micro-batches $M --steps "$STEPS" $extra $(flags_of $impl)
-      done; done
+          say "  ${P}x${D} dualpipe-v skipped: it needs M >= 2P"; continue; fi
+        schedules="$schedules,$schedule"
+      done
+      extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}"
+      for impl in $PIPES; do
+        [ -n "$schedules" ] && launch $n "$impl ${P}x${D} M=$M: ${schedules#,}" $SIZE --stages $P \
+          --data-parallel $D --schedule "${schedules#,}" --micro-batches $M $extra $(flags_of $impl)
+      done
       if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
         launch $n "builtin ${P}x${D} M=$M" $SIZE --impl builtin --stages $P --data-parallel $D \
-          --micro-batches $M --steps "$STEPS"
+          --micro-batches $M
       fi
     done; done
   done
 }
-COUNTING=1; sweep; COUNTING=0; sweep
+walk() { if [ "$HEADLINE" = 1 ]; then headline; else sweep; fi; }
+COUNTING=1; walk; COUNTING=0; walk
 python benchmarks/report.py "$RESULTS"

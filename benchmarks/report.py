@@ -1,14 +1,16 @@
-"""Turn the benchmark's JSON lines into one table (printed), plus CSV and JSON files.
+"""Turn the benchmark's JSON lines into one table (printed), plus CSV, JSON and a PNG chart.
 
     python benchmarks/report.py runs/benchmark/results.jsonl
 
-Per run: step time is the slowest rank's median; a configuration run several times
-(`--repeat`) shows the median of its runs, `runs` of them. Memory is the peak per stage
-(over replicas and runs).
-Speedup is over the single-device `pipe` run of the same model (one micro-batch: its
-fastest form); efficiency divides it by the number of devices. Pipeline efficiency compares
-with a single device running the same M micro-batches, so it isolates the schedule from the
-cost of micro-batching; the bound on it is m/(m+p-1) (data parallelism assumed free).
+Per run: step time is the slowest rank's median; a configuration timed in several windows
+(`--repeats`) shows the median window, `runs` of them. Memory is the peak per stage
+(over replicas and windows).
+Speedup is over one device: pipe's own single-device run of the same model and form (one
+micro-batch: its fastest), or, where that was not run (the headline table), MindSpore's
+compiled step on one device; efficiency divides it by the number of devices. Pipeline
+efficiency compares with pipe on a single device running the same M micro-batches, so it
+isolates the schedule from the cost of micro-batching; the bound on it is m/(m+p-1) (data
+parallelism assumed free).
 """
 import csv
 import json
@@ -22,8 +24,8 @@ COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "sampl
            "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
 DERIVED = ("speedup", "efficiency", "pipeline_eff", "bound")   # from other rows, or "-"
 NOTES = {
-    "-": "-: not measured in these results (speedup and efficiencies need pipe's one-device run "
-         "of the same model: --layout all, or 1x1 too; the built-in has no bound)",
+    "-": "-: not measured in these results (speedup needs a one-device run of the same model, "
+         "pipeline_eff pipe's one-device run with the same M: --all; the built-in has no bound)",
     "host": "host_us_per_action: rank 0's median host microseconds per action kind, issuing the "
             "work, not waiting for it (F forward, B backward, I input gradient, W weight "
             "gradient, W* all micro-batches' W, sF/sB/rF/rB sends and receives)",
@@ -62,18 +64,22 @@ def summarize(lines):
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_per_action": host_line(ranks)})
-    def single(row, micro_batches):       # pipe's one device, run the same way (graph or not,
-        impl = "pipe-graph" if row["impl"] == "pipe-graph" else "pipe"     # W deferred or not)
-        found = [r["samples_per_s"] for r in rows if r["model"] == row["model"] and r["impl"] == impl
-                 and r["deferred"] == row["deferred"] and r["devices"] == 1 and r["M"] == micro_batches]
-        return found[0] if found else float("nan")
-    for row in rows:
-        row["speedup"] = row["samples_per_s"] / single(row, 1)
+    def single(row, micro_batches, impls):    # one device, the first of `impls` run
+        for impl in impls:
+            found = [r["samples_per_s"] for r in rows if r["model"] == row["model"]
+                     and r["impl"] == impl and r["devices"] == 1 and r["M"] == micro_batches
+                     and (impl == "builtin" or r["deferred"] == row["deferred"])]
+            if found:
+                return found[0]
+        return float("nan")
+    for row in rows:                      # pipe's one device run the same way (graph or not,
+        same = ["pipe-graph" if row["impl"] == "pipe-graph" else "pipe"]  # W deferred or not)
+        row["speedup"] = row["samples_per_s"] / single(row, 1, same + ["builtin"])
         row["efficiency"] = row["speedup"] / row["devices"]
-        row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"]) / row["devices"]
+        row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"], same) / row["devices"]
         row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] != "builtin" else float("nan")
-    rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], r["impl"] == "builtin", r["impl"],
-                             r["schedule"]))
+    order = {"pipe": 0, "pipe-graph": 1, "builtin": 2, "torch": 3}
+    rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], order[r["impl"]], r["schedule"]))
     return rows
 
 
@@ -95,11 +101,40 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def chart(rows, path):
+    """A horizontal bar per row, step time, one panel per model; needs matplotlib (optional:
+    pip install matplotlib). Returns what it did, as a line to print."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not importable (pip install matplotlib, then run this again)"
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(len(models), 1, squeeze=False,
+                             figsize=(9, 1.2 + 0.35 * len(rows) + 0.6 * len(models)))
+    colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
+    for ax, model in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == model]
+        labels = [f"{r['impl']} {r['layout']} {r['schedule']}" for r in mine]
+        ax.barh(labels, [r["step_ms"] for r in mine], color=[colors[r["impl"]] for r in mine])
+        for y, r in enumerate(mine):
+            ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{model} MLP: step time (ms, median), shorter is faster", fontsize=10)
+        ax.margins(x=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
 def main(path):
     with open(path) as f:
         rows = summarize(f)
     print(format_table(rows))
     stem = path.rsplit(".", 1)[0]
+    print(chart(rows, stem + ".png"))
     with open(stem + ".csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -109,6 +144,6 @@ def main(path):
 
 
 if __name__ == "__main__":
-    parser = Parser(description="The benchmark's results as one table, CSV and JSON.")
+    parser = Parser(description="The benchmark's results as one table, CSV, JSON and PNG.")
     parser.add_argument("results", type=existing_file, help="the JSON lines benchmark.py wrote")
     main(parser.parse_args().results)

@@ -1,12 +1,15 @@
 """The benchmark's MLP trained with torch.distributed.pipelining: the comparison row.
 
-    torchrun --nproc-per-node 2 benchmarks/torch_pipeline.py --schedule zbv   (on GPUs)
+    torchrun --nproc-per-node 2 benchmarks/torch_pipeline.py --schedule zb-v,1f1b   (on GPUs)
 
 Same model as benchmarks/benchmark.py (L x (Dense H + ReLU), then Dense 10, fp32,
 TF32 off), same batch, micro-batches, SGD and layer split (`split`), one process per
-GPU over NCCL (gloo on CPU). Prints the median step of rank 0 in milliseconds. torch is not
-a dependency of pipe: this script is the only file that imports it.
+GPU over NCCL (gloo on CPU). Prints the median step of rank 0 in milliseconds, and with
+--results adds its rows to pipe's table (run_mnist_benchmark.sh does, when torch imports).
+torch is not a dependency of pipe: this script is the only file that imports it.
 """
+import argparse
+import json
 import os
 import statistics
 import sys
@@ -20,8 +23,8 @@ from torch.distributed import pipelining as pp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipe.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 
-SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved": ("ScheduleInterleaved1F1B", 2),
-             "zbv": ("ScheduleZBVZeroBubble", 2), "dualpipev": ("ScheduleDualPipeV", 2)}
+SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
+             "zb-v": ("ScheduleZBVZeroBubble", 2), "dualpipe-v": ("ScheduleDualPipeV", 2)}
 
 
 def blocks(layers, hidden, inputs):
@@ -39,36 +42,43 @@ def split(parts, count):
     return [nn.Sequential(*parts[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
-def main():
-    p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="zbv")
-    p.add_argument("--layers", type=positive_int, default=16)
-    p.add_argument("--hidden", type=positive_int, default=8192)
-    p.add_argument("--inputs", type=positive_int, default=8192)
-    p.add_argument("--batch-size", type=positive_int, default=1024)
-    p.add_argument("--micro-batches", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=20)
-    p.add_argument("--warmup", type=positive_int, default=3)
-    args = p.parse_args()
-    gpu = torch.cuda.is_available()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if gpu else "cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group("nccl" if gpu else "gloo")
+def schedule_list(text):
+    names = text.split(",")
+    for name in names:
+        if name not in SCHEDULES:
+            raise argparse.ArgumentTypeError(f"{name}: use {', '.join(SCHEDULES)}, or several with commas")
+    return names
+
+
+def timed(step, warmup, steps, repeats):
+    """Each window's median step (rank 0 after a barrier per step), `repeats` windows."""
+    for _ in range(warmup):
+        step()
+    windows = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(steps):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        windows.append(statistics.median(times))
+    return windows
+
+
+def train(args, name, rank, world, device):
+    """The windows of `name`'s schedule on this rank's stages, built afresh."""
     torch.manual_seed(0)
-    kind, chunks = SCHEDULES[args.schedule]
+    kind, chunks = SCHEDULES[name]
     count = world * chunks
     parts = split(blocks(args.layers, args.hidden, args.inputs), count)
-    held = [rank, count - 1 - rank] if args.schedule in ("zbv", "dualpipev") else \
+    held = [rank, count - 1 - rank] if name in ("zb-v", "dualpipe-v") else \
         [rank + c * world for c in range(chunks)]
     stages = [pp.PipelineStage(parts[i].to(device), i, count, device) for i in held]
     params = [q for stage in stages for q in stage.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
     schedule = getattr(pp, kind)(stages if chunks > 1 else stages[0], args.micro_batches,
-                                 loss_fn=loss_fn)
+                                 loss_fn=nn.CrossEntropyLoss())
     x = torch.randn(args.batch_size, args.inputs, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     first, last = 0 in held, count - 1 in held
@@ -78,20 +88,50 @@ def main():
         inputs = (x,) if first else ()
         schedule.step(*inputs, **({"target": y} if last else {}))
         optimizer.step()
-        if gpu:
+        if device.type == "cuda":
             torch.cuda.synchronize()
+    return timed(step, args.warmup, args.steps, args.repeats)
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    if rank == 0:
-        print(f"torch {args.schedule} {world} ranks M={args.micro_batches}: median step "
-              f"{statistics.median(times) * 1e3:.2f} ms", flush=True)
+
+def main():
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--schedule", type=schedule_list, default=["zb-v"],
+                   help="one of " + ", ".join(SCHEDULES) + ", or several with commas")
+    p.add_argument("--layers", type=positive_int, default=16)
+    p.add_argument("--hidden", type=positive_int, default=8192)
+    p.add_argument("--inputs", type=positive_int, default=8192)
+    p.add_argument("--batch-size", type=positive_int, default=1024)
+    p.add_argument("--micro-batches", type=positive_int, default=8)
+    p.add_argument("--steps", type=positive_int, default=20, help="timed steps per window")
+    p.add_argument("--repeats", type=positive_int, default=1, help="windows (the report takes the median)")
+    p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--results", help="append a JSON line per schedule and window (benchmarks/report.py)")
+    args = p.parse_args()
+    gpu = torch.cuda.is_available()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if gpu else "cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group("nccl" if gpu else "gloo")
+    for name in args.schedule:
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        windows = train(args, name, rank, world, device)
+        if rank != 0:
+            continue
+        print(f"torch {name} {world} ranks M={args.micro_batches}: median step "
+              f"{statistics.median(windows) * 1e3:.2f} ms", flush=True)
+        if args.results:
+            with open(args.results, "a") as f:
+                for repeat, seconds in enumerate(windows):
+                    f.write(json.dumps({
+                        "impl": "torch", "schedule": name, "stages": world, "data_parallel": 1,
+                        "micro_batches": args.micro_batches, "layers": args.layers,
+                        "hidden": args.hidden, "batch_size": args.batch_size, "precision": "fp32",
+                        "rank": 0, "stage": 0, "repeat": repeat, "step_ms": seconds * 1e3,
+                        "samples_per_s": args.batch_size / seconds,
+                        "peak_memory_bytes": torch.cuda.max_memory_allocated() if gpu else 0}) + "\n")
     dist.destroy_process_group()
 
 

@@ -7,7 +7,8 @@ import sys
 from pipe.config import as_flags
 from pipe.schedules import SCHEDULES
 
-__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag", "run"]
+__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
+           "add_speed_flags", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,6 +50,16 @@ def add_precision_flag(parser):
     (pipe.precision); bf16 is named so that pipe can say why it is refused."""
     parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
+
+
+def add_speed_flags(parser):
+    """--defer-wgrad and --one-graph, each with its --no- form; without either, pipe chooses
+    (pipe.defaults) and says what at the first step."""
+    parser.add_argument("--defer-wgrad", action=argparse.BooleanOptionalAction, default=None,
+                        help="weight gradients once per step over all micro-batches (default: "
+                             "pipe chooses)")
+    parser.add_argument("--one-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="each step as one compiled graph (default: pipe chooses)")
 
 
 def run(main):

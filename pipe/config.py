@@ -1,7 +1,8 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message.
 
 Core's Config (stages, replicas, micro-batches, batch size, schedule, device) and what the
-features add, each with its default.
+features add, each with its default. `defer_wgrad` and `one_graph` left None are chosen by
+pipe, for speed, at the first step (pipe.defaults); both train the same bits either way.
 """
 import re
 from dataclasses import dataclass, fields
@@ -27,10 +28,10 @@ class PipelineConfig(Config):
     chunks: Optional[int] = None         # v: model chunks per stage (None: pipe.schedules.CHUNKS)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
-    defer_wgrad: bool = False            # weight gradients at the flush, over all micro-batches at once
+    defer_wgrad: Optional[bool] = None   # weight gradients at the flush, over all micro-batches at once
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
-    one_graph: bool = False              # run each step as one compiled graph (pipe.step_graph)
+    one_graph: Optional[bool] = None     # run each step as one compiled graph (pipe.step_graph)
     precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.precision)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
     loss_scale_window: int = 2000        # fp16: clean steps before S doubles
@@ -55,7 +56,10 @@ class PipelineConfig(Config):
             raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
         if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:
             raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive integer")
-        for name in ("recompute", "defer_wgrad", "one_graph"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"recompute={self.recompute!r} must be True or False")
+        for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.defaults)
+            if not isinstance(getattr(self, name), (bool, type(None))):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True, False or None "
+                                 "(pipe chooses)")
         super().check()

@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 from contextlib import ExitStack, nullcontext
+from dataclasses import replace
 
 import mindspore as ms
 
@@ -20,6 +21,7 @@ from pipe import checkpoint, predict
 from pipe.batchnorm import average_buffers
 from pipe.core.engine import Engine
 from pipe.deadlines import connect
+from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
 from pipe.dropout import draws
 from pipe.handshake import StageCheck
 from pipe.layout import plan
@@ -44,6 +46,8 @@ class PipelineEngine(Engine):
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         config.check()
+        config = replace(config)         # this engine's: what pipe chooses is filled in here
+        self.left = [name for name in LEFT if getattr(config, name) is None]
         wire = wire or connect(config.device, config.timeout)
         if wire.size > 1:                # peers must not wait on a rank that failed
             end_job_on_uncaught(wire)
@@ -52,8 +56,9 @@ class PipelineEngine(Engine):
                                                          f"pipe-compile-rank{wire.rank}"))
         self.sample = sample
         super().__init__(model, loss_fn, make_optimizer, config, wire)
-        # With one graph and nothing to all-reduce, the optimizer steps inside the graph.
-        self.update_in_graph = config.one_graph and updates_in_graph(self.layout)
+        self.update_in_graph = False     # (set with one_graph: self.run_as)
+        if config.one_graph is not None:
+            self.run_as(config.one_graph)
         self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
@@ -167,9 +172,31 @@ class PipelineEngine(Engine):
         if training:
             self.links[batch.shapes] = p2p
             self.counted_loss = counted
+            if self.left:                # once: what the config left to pipe
+                self.choose(p2p, tuples, counted)
             refuse_in_graph(self.config, counted)
             refuse_tuples(self.config, tuples)
         return p2p
+
+    def run_as(self, one_graph):
+        """Run each step as one graph or action by action; with one graph and nothing to
+        all-reduce, the optimizer steps inside the graph."""
+        self.config.one_graph = one_graph
+        self.update_in_graph = one_graph and updates_in_graph(self.layout)
+
+    def choose(self, p2p, tuples, counted):
+        """What the config left to pipe (pipe.defaults), once the first step's check has
+        agreed what crosses the boundaries: the same on every rank; rank 0 says it."""
+        choices = [self.layout.why_defer] if "defer_wgrad" in self.left else []
+        if "one_graph" in self.left:
+            specs = [p2p.shapes[vs] for vs in self.layout.virtual_stages_held]
+            flops = most_of(self.wire, 0 if tuples else action_flops(self.chunks, specs))
+            one_graph, why = choose_graph(self.config, self.layout.any_buffers, tuples, counted, flops)
+            self.run_as(one_graph)
+            choices.append(why)
+        self.left = []
+        if self.wire.rank == 0:
+            print(announce(choices), flush=True)
 
     # ---- beyond the step --------------------------------------------------------------
     def predict(self, inputs, broadcast=True):

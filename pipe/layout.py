@@ -14,6 +14,7 @@ from functools import cached_property
 from pipe.batchnorm import refuse_deferred
 from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk, RecomputedChunk
+from pipe.defaults import LEFT, choose_defer, most_of
 from pipe.core.place import Topology
 from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
@@ -38,6 +39,8 @@ class Layout:
     bounds: list         # their [first, last) layers
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
+    any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
+    why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.defaults)
 
     @property
     def stage(self):
@@ -114,7 +117,14 @@ def plan(model, loss_fn, config, wire, sample=None):
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
-    return agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
+    layout = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
+    if any(getattr(config, name) is None for name in LEFT):     # pipe chooses (pipe.defaults)
+        layout.any_buffers = most_of(wire, len(layout.buffers)) > 0
+    if config.defer_wgrad is None:       # the same on every rank: the vote above
+        config.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers)
+        layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
+                                           config.chunks, config.defer_wgrad)
+    return layout
 
 
 def build_layout(model, loss_fn, config, rank, costs):
@@ -125,7 +135,7 @@ def build_layout(model, loss_fn, config, rank, costs):
     if isinstance(model, LayerBuilders):
         model.build_tied()
     P, M, v = config.stages, config.micro_batches, config.chunks
-    schedule = checked_schedule(config.schedule, P, M, v, config.defer_wgrad)
+    schedule = checked_schedule(config.schedule, P, M, v, bool(config.defer_wgrad))
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, P, costs, chunks=v)
     scale = 1.0 / (M * config.data_parallel)

@@ -8,12 +8,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.config import PipelineConfig
+from launch import loop_config
 from pipe.engine import PipelineEngine, PipelineError
 
 ms.set_device("CPU")
 model = nn.SequentialCell([nn.Dense(8, 16), nn.Dense(12, 4)])
-config = PipelineConfig(stages=2, micro_batches=2, batch_size=8, timeout=20.0)
+config = loop_config(stages=2, micro_batches=2, batch_size=8, timeout=20.0)
 engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                         lambda params: nn.SGD(params, learning_rate=0.1), config)
 try:

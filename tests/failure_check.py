@@ -16,7 +16,7 @@ import numpy as np
 from mindspore import nn
 
 from pipe.deadlines import connect
-from pipe.config import PipelineConfig
+from launch import loop_config
 from pipe.engine import PipelineEngine
 from user_layers import Attending, HiddenDropout, Joining, NoBackward, TiedHead
 
@@ -29,7 +29,7 @@ X, Y = np.ones((4, 8), np.float32), np.zeros(4, np.int32)
 
 def engine(model, **config):
     return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
-                          PipelineConfig(stages=2, micro_batches=2, batch_size=4, device=DEVICE,
+                          loop_config(stages=2, micro_batches=2, batch_size=4, device=DEVICE,
                                          **config), WIRE)
 
 

@@ -11,9 +11,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from launch import load_example
+from launch import load_example, loop_config
 from pipe.builders import LayerBuilders
-from pipe.config import PipelineConfig
 from pipe.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
@@ -74,7 +73,7 @@ def pipe_run(spec, communicator):
     rank's results: the losses, and how many shapes the stages agreed on."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
-    config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
+    config = loop_config(batch_size=BATCH, seed=spec["seed"], **spec["config"])
     engine = CountingEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer,
                             config, DeadlineWire(120.0, communicator))
     losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]

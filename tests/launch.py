@@ -14,6 +14,8 @@ import time
 
 import mindspore as ms
 
+from pipe.config import PipelineConfig
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "mnist", "train.py")
 WORKER = os.path.join(ROOT, "tests", "mpi_worker.py")
@@ -134,3 +136,9 @@ def results(directory):
             with open(os.path.join(directory, name)) as f:
                 found[int(name[len("result-rank"):-len(".json")])] = json.load(f)
     return found
+
+
+def loop_config(**fields):
+    """A PipelineConfig with the per-action loop and W per micro-batch unless `fields` say
+    otherwise: what each feature's tests pin (tests/test_defaults.py: what pipe chooses)."""
+    return PipelineConfig(**{"defer_wgrad": False, "one_graph": False, **fields})

@@ -14,7 +14,7 @@ from mindspore import nn
 from pipe.builders import LayerBuilders
 from pipe.core.wire import elements
 from pipe.deadlines import DeadlineWire
-from pipe.config import PipelineConfig
+from launch import loop_config
 from pipe.engine import PipelineEngine
 
 WIDTHS = (20, 32, 32, 32, 10)       # 3 x (Dense + ReLU), then Dense to 10 classes
@@ -153,7 +153,7 @@ def pipe_run(spec, communicator):
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
-    config = PipelineConfig(batch_size=BATCH, seed=spec["seed"], **spec["config"])
+    config = loop_config(batch_size=BATCH, seed=spec["seed"], **spec["config"])
     half = config.precision == "fp16"
     data = batches(spec["seed"], spec.get("padded", False), FP16_STEPS if half else STEPS,
                    spec.get("overflow"))

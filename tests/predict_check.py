@@ -5,7 +5,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.config import PipelineConfig
+from launch import loop_config
 from pipe.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
@@ -18,7 +18,7 @@ def pipe_run(spec, communicator):
                               [nn.Dense(8, 5)])
     x = np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32)
     expected = model(ms.Tensor(x)).asnumpy()        # the whole model, in this one process
-    config = PipelineConfig(micro_batches=3, batch_size=12, **spec["config"])
+    config = loop_config(micro_batches=3, batch_size=12, **spec["config"])
     engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                             lambda params: nn.SGD(params, learning_rate=0.1), config,
                             DeadlineWire(120.0, communicator))

@@ -7,7 +7,7 @@ from mindspore import nn
 
 from mlp_run import LOSS, layer_builders
 from pipe.builders import LayerBuilders, Tied
-from pipe.config import PipelineConfig
+from launch import loop_config
 from pipe.engine import PipelineEngine
 from pipe.partition import whole_model_names
 from user_layers import TiedHead
@@ -34,7 +34,7 @@ def test_only_asked_layers_are_built_and_named_as_in_the_whole_model():
 
 def engine(model, **config):
     return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
-                          PipelineConfig(batch_size=4, **config))
+                          loop_config(batch_size=4, **config))
 
 
 EMBEDDING = nn.Embedding(32, 4)     # made outside the builders, then captured by two of them

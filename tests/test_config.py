@@ -20,11 +20,18 @@ def test_interleaved_defaults_to_two_chunks_per_rank():
     assert PipelineConfig(schedule="interleaved-1f1b", chunks=3).chunks == 3
 
 
-@pytest.mark.parametrize("field", ["recompute", "defer_wgrad", "one_graph"])
-def test_switches_take_only_true_or_false(field):
+def test_switches_take_only_true_or_false():
     with pytest.raises(ValueError) as err:
-        PipelineConfig(**{field: "yes"}).check()
-    assert str(err.value) == f"{field}='yes' must be True or False"
+        PipelineConfig(recompute="yes").check()
+    assert str(err.value) == "recompute='yes' must be True or False"
+
+
+@pytest.mark.parametrize("field", ["defer_wgrad", "one_graph"])
+def test_what_pipe_may_choose_takes_true_false_or_none(field):
+    assert getattr(PipelineConfig(), field) is None          # the default: pipe chooses
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(**{field: 1}).check()
+    assert str(err.value) == f"{field}=1 must be True, False or None (pipe chooses)"
 
 
 @pytest.mark.parametrize("config,message", [

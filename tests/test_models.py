@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from launch import load, results
+from launch import load, loop_config, results
 from pipe.chunk import Chunk
 from pipe.deadlines import DeadlineWire
-from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 from pipe.handshake import HALF_HINT, check_input
 from user_layers import GraphOnly, HiddenDropout
@@ -43,7 +42,7 @@ class NoisyBlock(nn.Cell):
 
 def engine(model, **config):
     return PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1),
-                          PipelineConfig(batch_size=4, **config))
+                          loop_config(batch_size=4, **config))
 
 
 @pytest.mark.parametrize("model,message", [
@@ -206,10 +205,10 @@ def test_predict_before_the_first_train_step_needs_no_labels():
         return nn.SequentialCell([nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 2)])
     mse = nn.MSELoss()
     x, y = np.ones((4, 4), np.float32), np.zeros((4, 2), np.float32)
-    first = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), PipelineConfig(batch_size=4))
+    first = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), loop_config(batch_size=4))
     before = first.predict(x)
     np.testing.assert_allclose(before, build()(ms.Tensor(x)).asnumpy(), rtol=1e-6)
-    plain = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), PipelineConfig(batch_size=4))
+    plain = PipelineEngine(build(), mse, lambda ps: nn.SGD(ps, 0.1), loop_config(batch_size=4))
     assert first.train_step(x, y) == plain.train_step(x, y)
 
 
@@ -219,7 +218,7 @@ def test_a_sum_and_count_loss_is_refused_in_one_graph():
     from mlp_run import TokenLoss
     model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
     pipe = PipelineEngine(model, TokenLoss(), lambda ps: nn.SGD(ps, learning_rate=0.1),
-                          PipelineConfig(batch_size=4, micro_batches=2, one_graph=True))
+                          loop_config(batch_size=4, micro_batches=2, one_graph=True))
     x = np.zeros((4, 6), np.float32)
     with pytest.raises(ValueError, match=r"^loss_fn returns \(sum, count\), which one_graph does "
                                          r"not normalize: turn one_graph off, or return the loss "

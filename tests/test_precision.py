@@ -14,10 +14,9 @@ import pytest
 import mindspore as ms
 from mindspore import nn
 
-from launch import load, results
+from launch import load, loop_config, results
 from mlp_run import LOSS, batches, build_model, plain_fp16_run
 from pipe.checkpoint import latest
-from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -90,7 +89,7 @@ def test_a_resumed_run_goes_on_with_the_saved_loss_scale(tmp_path):
     """With a window of 1 the scale doubles every clean step: 2 steps, save, resume into
     a fresh engine, 1 step: the scale the uninterrupted 3 steps reach."""
     def engine():
-        config = PipelineConfig(batch_size=16, micro_batches=2, precision="fp16", loss_scale=8.0,
+        config = loop_config(batch_size=16, micro_batches=2, precision="fp16", loss_scale=8.0,
                                 loss_scale_window=1)
         return PipelineEngine(build_model(SEED), LOSS, lambda ps: nn.SGD(ps, 0.1), config)
     data = batches(SEED, steps=3)

@@ -8,8 +8,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from launch import load_example
-from pipe.config import PipelineConfig
+from launch import load_example, loop_config
 from pipe.core.wire import SoloWire
 from pipe.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
@@ -35,9 +34,9 @@ def pipe_run(spec, communicator):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     stages, rank = spec["config"]["stages"], communicator.Get_rank()
-    pipe = engine(PipelineConfig(micro_batches=2, batch_size=8, **spec["config"]),
+    pipe = engine(loop_config(micro_batches=2, batch_size=8, **spec["config"]),
                   DeadlineWire(120.0, communicator))
-    alone = engine(PipelineConfig(micro_batches=2, batch_size=8), SoloWire())
+    alone = engine(loop_config(micro_batches=2, batch_size=8), SoloWire())
     holders = [r for r in range(communicator.Get_size()) if r % stages in (0, stages - 1)]
     found = {"losses": True, "copies": True, "table": True}
     for step in range(STEPS):

@@ -22,7 +22,8 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
-from pipe.cli import Parser, add_layout_flags, add_precision_flag, positive_int, run  # noqa: E402
+from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
+                      positive_int, run)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -31,7 +32,7 @@ def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=32)
     add_precision_flag(p)
-    p.add_argument("--defer-wgrad", action="store_true", help="weight gradients once per step")
+    add_speed_flags(p)
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
     p.add_argument("--width", type=positive_int, default=64, help="model width (4 heads)")
     p.add_argument("--steps", type=positive_int, default=300)

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
-from pipe.cli import Parser, add_layout_flags, add_precision_flag, positive_int  # noqa: E402
+from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
+                      positive_int)
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
@@ -77,10 +78,7 @@ def parse_args(argv=None):
                    help="split layers by count, by parameters, or by measured time")
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
-    p.add_argument("--defer-wgrad", action="store_true",
-                   help="weight gradients once per step over all micro-batches (no batch norm)")
-    p.add_argument("--one-graph", action="store_true",
-                   help="run each step as one compiled graph (no batch norm, no --recompute)")
+    add_speed_flags(p)
     args = p.parse_args(argv)
     if args.steps < 0 or args.save_every < 0:
         p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
@@ -161,7 +159,7 @@ def train(args, wire=None):
             engine.save(args.save, step, checkpoint_meta)
 
     held = sum(chunk.peak_bytes for chunk in engine.chunks)
-    if not args.one_graph:               # (inside one graph, MindSpore holds them)
+    if not engine.config.one_graph:      # (inside one graph, MindSpore holds them)
         say(f"peak activation memory held by rank 0: {held / 2**20:.2f} MiB")
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------

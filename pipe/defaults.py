@@ -1,0 +1,84 @@
+"""What pipe chooses when a config leaves `defer_wgrad` or `one_graph` to it (None, the default).
+
+Either way a step trains the same bits (tests/test_transparency.py); the choices differ in
+speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cores:
+
+- Deferred W computes each layer's weight gradient once per step, as one matrix product
+  over the rows of all M micro-batches, not as M thin products each added into the sum:
+  the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
+  cost is memory: every micro-batch keeps its layers' inputs and output gradients until
+  the flush. pipe defers unless the config says memory is short (`recompute`) or a layer
+  holds buffers (batch norm: its gradient over all rows would use their joint statistics).
+- One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
+  small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
+  per action (the large MLP: 66.6 -> 39.1 ms). In fp32 on a GPU, where an action is long
+  enough to hide the host, it measured slower (the large MLP, 69 GFLOP per action: 110
+  against 85 ms), so there pipe keeps the per-action loop. What needs the host between
+  actions (buffers, recompute, a tuple crossing a stage boundary, a (sum, count) loss)
+  runs in the loop.
+"""
+import math
+
+import mindspore as ms
+import numpy as np
+
+__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "choose_graph", "action_flops", "most_of",
+           "announce"]
+
+LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
+
+# Below this many floating-point operations per action, an fp32 action runs on an H200 in
+# about the host's 0.2-0.5 ms per call: the step is host-bound. (Measured: 0.13 GFLOP, the
+# small MLP, host-bound; 69 GFLOP, the large, device-bound.)
+HOST_BOUND_FLOPS = 1e10
+
+
+def choose_defer(config, buffers):
+    """(whether to defer W, why) for `config`; `buffers`: some rank's layers hold buffers."""
+    if config.recompute:
+        return False, "W per micro-batch (recompute says memory is short; deferring keeps " \
+                      "every micro-batch's activations until the flush)"
+    if buffers:
+        return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
+    return True, "W deferred to the flush (one product per layer over all micro-batches)"
+
+
+def choose_graph(config, buffers, tuples, counted, flops):
+    """(whether to run the step as one graph, why); `flops`: the most any action computes."""
+    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm's statistics"),
+                  (tuples, "a tuple crosses a stage boundary"), (counted, "a (sum, count) loss")]
+    for needed, what in needs_loop:
+        if needed:
+            return False, f"the per-action loop ({what} needs the host between actions)"
+    if config.device != "CPU" and config.precision == "fp32" and flops >= HOST_BOUND_FLOPS:
+        return False, (f"the per-action loop ({flops / 1e9:.0f} GFLOP per action hides the host's "
+                       "cost, and one graph measured slower in fp32 there)")
+    if config.precision == "fp16":
+        return True, "one graph per step (fp16: the weights are cast once per step, not per action)"
+    return True, (f"one graph per step ({flops / 1e9:.2g} GFLOP per action: the host's cost per "
+                  "action would dominate)")
+
+
+def action_flops(chunks, specs):
+    """The most floating-point operations one F of this rank's chunks computes, counted as
+    2 x (vectors in its input) x (its parameters): the products of dense and attention
+    layers. A float input (rows, ..., width) has rows x ... vectors; token ids, one each."""
+    most = 0
+    for chunk, spec in zip(chunks, specs):
+        shape, dtype = spec
+        vectors = math.prod(shape[:-1]) if dtype.is_floating_point else math.prod(shape)
+        most = max(most, 2 * vectors * sum(p.size for p in chunk.params))
+    return most
+
+
+def most_of(wire, value):
+    """The largest of every rank's `value` (an all-reduce sums: each rank fills its own slot)."""
+    slots = np.zeros(wire.size, np.float32)
+    slots[wire.rank] = value
+    return float(wire.all_reduce(ms.Tensor(slots), tuple(range(wire.size))).asnumpy().max())
+
+
+def announce(choices):
+    """The one line a run starts with when pipe chose: `choices`, the why of each."""
+    return ("pipe chose " + "; ".join(choices) +
+            " (set defer_wgrad / one_graph to choose otherwise)")
