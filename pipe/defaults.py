@@ -45,8 +45,8 @@ def choose_defer(config, buffers):
 
 def choose_graph(config, buffers, tuples, counted, flops):
     """(whether to run the step as one graph, why); `flops`: the most any action computes."""
-    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm's statistics"),
-                  (tuples, "a tuple crosses a stage boundary"), (counted, "a (sum, count) loss")]
+    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm"),
+                  (tuples, "a tuple at a stage boundary"), (counted, "a (sum, count) loss")]
     for needed, what in needs_loop:
         if needed:
             return False, f"the per-action loop ({what} needs the host between actions)"

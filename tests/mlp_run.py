@@ -175,4 +175,5 @@ def pipe_run(spec, communicator):
     grads = sorted({str(g.dtype) for chunk in engine.chunks for g in chunk.grads})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
                     "update_in_graph": engine.update_in_graph, "wire_dtypes": wire,
+                    "defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph,
                     "grad_dtypes": grads}

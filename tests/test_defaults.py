@@ -1,0 +1,116 @@
+"""What pipe chooses when the config leaves defer_wgrad and one_graph to it (pipe.defaults):
+the rule, the line a run starts with, the same choice on every rank, and the same training."""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from launch import load, loop_config, results
+from mlp_run import LOSS, build_model, plain_run
+from pipe.config import PipelineConfig
+from pipe.defaults import action_flops, announce, choose_defer, choose_graph
+from pipe.engine import PipelineEngine
+from test_transparency import SEED, assert_same_weights, spec
+
+DEFERRED = "W deferred to the flush (one product per layer over all micro-batches)"
+LOOP = "the per-action loop ({} needs the host between actions)"
+
+
+@pytest.mark.parametrize("config,buffers,choice", [
+    (dict(), False, (True, DEFERRED)),
+    (dict(recompute=True), False, (False, "W per micro-batch (recompute says memory is short; "
+                                          "deferring keeps every micro-batch's activations until "
+                                          "the flush)")),
+    (dict(), True, (False, "W per micro-batch (batch norm: W over all rows would use their joint "
+                           "statistics)")),
+])
+def test_w_is_deferred_unless_memory_is_short_or_a_layer_has_buffers(config, buffers, choice):
+    assert choose_defer(PipelineConfig(**config), buffers) == choice
+
+
+@pytest.mark.parametrize("config,facts,choice", [
+    (dict(device="GPU"), dict(flops=1.3e8),
+     (True, "one graph per step (0.13 GFLOP per action: the host's cost per action would dominate)")),
+    (dict(device="GPU"), dict(flops=6.9e10),
+     (False, "the per-action loop (69 GFLOP per action hides the host's cost, and one graph "
+             "measured slower in fp32 there)")),
+    (dict(device="GPU", precision="fp16"), dict(flops=6.9e10),
+     (True, "one graph per step (fp16: the weights are cast once per step, not per action)")),
+    (dict(device="CPU"), dict(flops=6.9e10),
+     (True, "one graph per step (69 GFLOP per action: the host's cost per action would dominate)")),
+    (dict(recompute=True), dict(), (False, LOOP.format("recompute"))),
+    (dict(), dict(buffers=True), (False, LOOP.format("batch norm"))),
+    (dict(), dict(tuples=True), (False, LOOP.format("a tuple at a stage boundary"))),
+    (dict(), dict(counted=True), (False, LOOP.format("a (sum, count) loss"))),
+])
+def test_one_graph_unless_the_host_is_needed_or_fp32_actions_are_long_on_a_gpu(config, facts, choice):
+    facts = {"buffers": False, "tuples": False, "counted": False, "flops": 1e6, **facts}
+    assert choose_graph(PipelineConfig(**config), **facts) == choice
+
+
+def test_an_action_counts_two_flops_per_vector_and_parameter():
+    class Chunk:
+        params = [ms.Parameter(np.zeros((4, 3), np.float32)), ms.Parameter(np.zeros(4, np.float32))]
+    # float rows (2, 5, width): 10 vectors; token ids (2, 5): 10 too
+    assert action_flops([Chunk()], [((2, 5, 3), ms.float32)]) == 2 * 10 * 16
+    assert action_flops([Chunk(), Chunk()], [((2, 5, 3), ms.float32), ((2, 5), ms.int32)]) == 2 * 10 * 16
+    assert action_flops([Chunk()], [((7, 3), ms.float16)]) == 2 * 7 * 16
+
+
+def train(model, config, capsys, steps=3):
+    engine = PipelineEngine(model, LOSS, lambda ps: nn.SGD(ps, learning_rate=0.1), config)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        engine.train_step(rng.standard_normal((8, 20)).astype(np.float32),
+                          rng.integers(0, 10, 8).astype(np.int32))
+    return engine, capsys.readouterr().out
+
+
+def bn_model():
+    ms.set_seed(3)
+    return nn.SequentialCell([nn.Dense(20, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dense(8, 10)])
+
+
+def test_left_to_pipe_a_run_says_its_choice_once_and_trains_as_those_flags_would(capsys):
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    chosen, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8), capsys)
+    flops = 2 * 4 * sum(p.size for p in chosen.chunks[0].params)
+    assert out == announce([DEFERRED, f"one graph per step ({flops / 1e9:.2g} GFLOP per action: "
+                                      "the host's cost per action would dominate)"]) + "\n"
+    assert out.startswith("pipe chose W deferred to the flush")
+    assert (chosen.config.defer_wgrad, chosen.config.one_graph) == (True, True)
+    forced, quiet = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
+                                                            defer_wgrad=True, one_graph=True), capsys)
+    assert quiet == ""                   # nothing left to pipe: nothing said
+    for a, b in zip(chosen.layout.params, forced.layout.params):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+def test_batch_norm_left_to_pipe_runs_the_loop_with_w_per_micro_batch(capsys):
+    engine, out = train(bn_model(), PipelineConfig(micro_batches=2, batch_size=8), capsys)
+    assert out == announce(["W per micro-batch (batch norm: W over all rows would use their "
+                            "joint statistics)", LOOP.format("batch norm")]) + "\n"
+    assert (engine.config.defer_wgrad, engine.config.one_graph) == (False, False)
+    looped, _ = train(bn_model(), loop_config(micro_batches=2, batch_size=8), capsys)
+    for a, b in zip(engine.layout.params + engine.layout.buffers,
+                    looped.layout.params + looped.layout.buffers):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+def test_one_choice_left_to_pipe_is_said_alone(capsys):
+    engine, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
+                                                          one_graph=False), capsys)
+    assert out == announce([DEFERRED]) + "\n"
+    assert (engine.config.defer_wgrad, engine.config.one_graph) == (True, False)
+
+
+def matrix(root):
+    """A 2 x 2 pipeline with nothing pinned (trained in one launch: conftest.trained)."""
+    return [(4, spec(root, "defaults-zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2,
+                     defer_wgrad=None, one_graph=None))]
+
+
+def test_every_rank_makes_the_same_choice_and_trains_the_one_process_model(trained):
+    ranks = results(trained / "defaults-zb-v-2x2")
+    assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, True)] * 4
+    assert_same_weights(load(trained / "defaults-zb-v-2x2" / "model.ckpt"), plain_run("sgd", SEED)[0])
