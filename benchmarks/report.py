@@ -101,6 +101,10 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+NAMES = {"pipe": "pipe (loop)", "pipe-graph": "pipe (one graph)", "builtin": "MindSpore built-in",
+         "torch": "torch pipelining"}
+
+
 def chart(rows, path):
     """A horizontal bar per row, step time, one panel per model; needs matplotlib (optional:
     pip install matplotlib). Returns what it did, as a line to print."""
@@ -116,7 +120,8 @@ def chart(rows, path):
     colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
     for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
-        labels = [f"{r['impl']} {r['layout']} {r['schedule']}" for r in mine]
+        labels = [f"{NAMES[r['impl']]} {r['layout']} {r['schedule'].replace('-', '') if r['schedule'] != '-' else ''}"
+                  for r in mine]
         ax.barh(labels, [r["step_ms"] for r in mine], color=[colors[r["impl"]] for r in mine])
         for y, r in enumerate(mine):
             ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)

@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from report import NOTES, format_table, summarize  # noqa: E402
+from report import NOTES, chart, format_table, summarize  # noqa: E402
 
 
 def row(rank, stage, step_ms, **extra):
@@ -29,3 +29,16 @@ def test_a_configuration_run_several_times_shows_its_median_run():
     lines = [row(rank, rank, ms, repeat=r) for r, *ms in runs for rank, ms in enumerate(ms)]
     [summary] = summarize(lines)
     assert (summary["step_ms"], summary["runs"]) == (12.0, 3)
+
+
+def test_the_headline_compares_with_mindspore_on_one_device_and_charts_every_row(tmp_path):
+    """Without pipe's own one-device run, speedup is over MindSpore's compiled step on one
+    device; torch's rows sort last; the PNG has a bar per row."""
+    lines = [row(0, 0, 16.0, impl="builtin", schedule="builtin", stages=1, micro_batches=1),
+             row(0, 0, 8.0), row(1, 1, 10.0),
+             row(0, 0, 5.0, impl="torch", schedule="zb-v")]
+    rows = summarize(lines)
+    assert [(r["layout"], r["impl"], r["speedup"]) for r in rows] == [
+        ("1x1", "builtin", 1.0), ("2x1", "pipe", 1.6), ("2x1", "torch", 3.2)]
+    assert chart(rows, str(tmp_path / "results.png")) == f"chart: {tmp_path / 'results.png'}"
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
