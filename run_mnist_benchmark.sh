@@ -98,15 +98,15 @@ launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, s
 say() { [ "$COUNTING" = 1 ] || echo "$@"; }
 
 wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
-size_of() {  # SIZE and M of a model on P stages
-  if [ "$1" = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"; M=4
-  else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; M=$((4 * $2)); fi
+size_of() {  # SIZE, M and pipe's fastest schedules (docs/performance.md) of a model on P stages
+  if [ "$1" = small ]; then SIZE="--layers 8 --hidden 1024 --batch-size 64"; M=4; BEST="zb-h1 zb-v 1f1b"
+  else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; M=$((4 * $2))
+    BEST="zb-v dualpipe-v 1f1b"; fi
 }
 TORCH=0 NO_TORCH="its script runs fp32 only"   # torch is optional: a row when it imports
 if [ "$PRECISION" = fp32 ]; then
   if python -c "import torch" 2>/dev/null; then TORCH=1; else NO_TORCH="torch is not importable"; fi
 fi
-BEST="zb-v dualpipe-v 1f1b"   # pipe's fastest schedules on both models (docs/performance.md)
 
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices
   P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done
@@ -121,9 +121,10 @@ headline() {  # one device, pipe's best schedules, the built-in and torch, on al
     if [ "$DEVICE" != CPU ]; then
       launch $P "MindSpore built-in ${P}x1 M=$M" $SIZE --impl builtin --stages $P --micro-batches $M
     fi
-    if [ $TORCH = 1 ]; then
-      launch_torch $P "torch.distributed.pipelining ${P}x1 M=$M: ${BEST// /, }" $SIZE \
-        --micro-batches $M --schedule "${BEST// /,}"
+    if [ $TORCH = 1 ]; then   # (torch has no ZB-H1 schedule)
+      theirs=$(for s in $BEST; do [ $s = zb-h1 ] || echo $s; done | paste -sd,)
+      launch_torch $P "torch.distributed.pipelining ${P}x1 M=$M: ${theirs//,/, }" $SIZE \
+        --micro-batches $M --schedule "$theirs"
     else
       say "  (no torch.distributed.pipelining row: $NO_TORCH)"
     fi

@@ -4,24 +4,26 @@
 #   bash benchmarks/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
 # (2+ GPUs and msrun.) Default: every schedule. --one-graph runs the pipelines as one graph
 # per step (the single GPU stays the per-action reference); --defer-wgrad defers the weight
-# gradients of both; --precision fp16 trains both in float16 with a loss scale.
+# gradients of both; --precision fp16 trains both in float16 with a loss scale. Without them
+# both run the per-action loop with W per micro-batch (pipe chooses nothing here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
-GRAPH=""
+GRAPH=--no-one-graph DEFER=--no-defer-wgrad
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --one-graph) GRAPH=--one-graph; shift ;;
-    --defer-wgrad) FLAGS="$FLAGS $1"; shift ;;
+    --defer-wgrad) DEFER=$1; shift ;;
     --precision) FLAGS="$FLAGS --precision ${2:-}"; shift 2 ;;
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
+FLAGS="$FLAGS $DEFER"
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
-echo "\$ python examples/mnist/train.py $FLAGS --save $OUT/single"
-python examples/mnist/train.py $FLAGS --save "$OUT/single" > "$OUT/single.log" 2>&1
+echo "\$ python examples/mnist/train.py $FLAGS --no-one-graph --save $OUT/single"
+python examples/mnist/train.py $FLAGS --no-one-graph --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'
 for schedule in $SCHEDULES; do
   echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
