@@ -95,9 +95,14 @@ class Job:
         return "".join(self.errs) + self.launcher
 
 
+# The example's flags for the per-action loop with W per micro-batch, put before a test's
+# own (the last of --one-graph / --no-one-graph wins): what pipe chooses is tests/test_defaults.py's.
+LOOP_FLAGS = ["--no-one-graph", "--no-defer-wgrad"]
+
+
 def run_example(ranks, *args, timeout=300):
     """`mpiexec -n ranks python train.py args` (no launcher for one rank), to its end."""
-    return Job(ranks, [sys.executable, TRAIN, *map(str, args)]).wait(timeout)
+    return Job(ranks, [sys.executable, TRAIN, *LOOP_FLAGS, *map(str, args)]).wait(timeout)
 
 
 def run_check(script, ranks, *args, timeout=300):

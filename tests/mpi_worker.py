@@ -30,6 +30,7 @@ import mlp_run  # noqa: E402
 import predict_check  # noqa: E402
 import tied_check  # noqa: E402
 import train  # noqa: E402
+from launch import LOOP_FLAGS  # noqa: E402
 from pipe.deadlines import DeadlineWire  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def run(flags, communicator):
         engine, result = run_spec(flags, communicator)
         save = flags["save"]
     else:
-        args = train.parse_args(flags)
+        args = train.parse_args(LOOP_FLAGS + flags)
         result, save = train.train(args, DeadlineWire(120.0, communicator)), args.save
         engine = result.pop("engine")
     buffers = engine.layout.buffers if hasattr(engine, "layout") else []    # (core: none)

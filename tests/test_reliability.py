@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from launch import TRAIN, Job, load, run_check, run_example, run_many
+from launch import LOOP_FLAGS, TRAIN, Job, load, run_check, run_example, run_many
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",
          "--log-every", "1", "--seed", "5"]
@@ -36,7 +36,7 @@ def matrix(root):
 
 
 def start(ranks, *args):
-    return Job(ranks, [sys.executable, TRAIN, *map(str, args)])
+    return Job(ranks, [sys.executable, TRAIN, *LOOP_FLAGS, *map(str, args)])
 
 
 def rank_process(job, rank):
