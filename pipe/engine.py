@@ -73,7 +73,7 @@ class PipelineEngine(Engine):
         self.handlers.update({"I": self.backward_input, "W": self.backward_weight})
 
     def build(self, model, loss_fn):
-        self.layout = plan(model, loss_fn, self.config, self.wire, self.sample)
+        self.layout = plan(model, loss_fn, self.config, self.wire, self.sample, self.left)
         return self.layout.schedule, self.layout.chunks
 
     # ---- the step's seams -------------------------------------------------------------

@@ -14,7 +14,7 @@ from functools import cached_property
 from pipe.batchnorm import refuse_deferred
 from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk, RecomputedChunk
-from pipe.defaults import LEFT, choose_defer, most_of
+from pipe.defaults import choose_defer, most_of
 from pipe.core.place import Topology
 from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
@@ -101,10 +101,11 @@ def check_exact(config, buffers):
     refuse_deferred(config, buffers)
 
 
-def plan(model, loss_fn, config, wire, sample=None):
+def plan(model, loss_fn, config, wire, sample=None, left=()):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
-    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers."""
+    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers.
+    `left`: the switches the config left to pipe (pipe.defaults); defer_wgrad is chosen here."""
     if isinstance(model, (list, tuple)):
         model = LayerBuilders(model, config.seed)
         if config.partition in ("parameters", "time"):
@@ -118,9 +119,9 @@ def plan(model, loss_fn, config, wire, sample=None):
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
     layout = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
-    if any(getattr(config, name) is None for name in LEFT):     # pipe chooses (pipe.defaults)
+    if left:                             # pipe chooses: every rank's layers count
         layout.any_buffers = most_of(wire, len(layout.buffers)) > 0
-    if config.defer_wgrad is None:       # the same on every rank: the vote above
+    if "defer_wgrad" in left:            # the same on every rank: the vote above
         config.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers)
         layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
                                            config.chunks, config.defer_wgrad)

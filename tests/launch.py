@@ -82,6 +82,13 @@ class Job:
             shutil.rmtree(self.logs, ignore_errors=True)
         return self
 
+    def stop(self):
+        """End the job if it still runs (a session that ended before waiting for it)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        shutil.rmtree(self.logs, ignore_errors=True)
+
     @property
     def returncode(self):
         return self.proc.returncode
@@ -110,13 +117,18 @@ def run_check(script, ranks, *args, timeout=300):
     return Job(ranks, [sys.executable, os.path.join(ROOT, "tests", script), *map(str, args)]).wait(timeout)
 
 
-def run_many(configs, timeout=900, world=1):
+def start_many(configs, world=1):
     """Several (ranks, flags or mlp_run spec) trainings in one mpiexec launch (mpi_worker.py),
-    of at least `world` ranks: more side by side keep the cores busy while some wait."""
+    of at least `world` ranks (more side by side keep the cores busy while some wait), started."""
     ranks = max(world, *(n for n, _ in configs))
     payload = json.dumps([[n, [str(f) for f in flags] if isinstance(flags, list) else flags]
                           for n, flags in configs], default=str)
-    return Job(ranks, [sys.executable, WORKER, payload]).wait(timeout)
+    return Job(ranks, [sys.executable, WORKER, payload])
+
+
+def run_many(configs, timeout=900, world=1):
+    """`start_many`, to its end."""
+    return start_many(configs, world).wait(timeout)
 
 
 def load_example(name, *path):
@@ -140,7 +152,7 @@ def results(directory):
         if name.startswith("result-rank"):
             with open(os.path.join(directory, name)) as f:
                 found[int(name[len("result-rank"):-len(".json")])] = json.load(f)
-    return found
+    return dict(sorted(found.items()))
 
 
 def loop_config(**fields):

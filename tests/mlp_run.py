@@ -39,12 +39,16 @@ def dropout_model(seed):
                               for b in blocks[:-1]] + [blocks[-1]])
 
 
-def layer_builders():
+def layer_builders(batch_norm=False):
     """The same MLP as one builder per layer (pipe.builders): MindSpore's own initial
-    weights, drawn per layer from (seed, layer index)."""
+    weights, drawn per layer from (seed, layer index); `batch_norm`: the first layer
+    normalizes its output (buffers on the first stage only)."""
     pairs = list(zip(WIDTHS[:-2], WIDTHS[1:-1]))
-    return [lambda a=a, b=b: nn.SequentialCell([nn.Dense(a, b), nn.ReLU()]) for a, b in pairs] + \
-        [lambda: nn.Dense(WIDTHS[-2], WIDTHS[-1])]
+    builders = [lambda a=a, b=b: nn.SequentialCell([nn.Dense(a, b), nn.ReLU()]) for a, b in pairs]
+    if batch_norm:
+        builders[0] = lambda: nn.SequentialCell([nn.Dense(WIDTHS[0], WIDTHS[1]),
+                                                 nn.BatchNorm1d(WIDTHS[1]), nn.ReLU()])
+    return builders + [lambda: nn.Dense(WIDTHS[-2], WIDTHS[-1])]
 
 
 def model_parameters_held():
@@ -149,7 +153,9 @@ def plain_fp16_run(seed, loss_scale, overflow=None):
 
 def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
-    "builders": the model as layer builders, "padded": a (sum, count) loss}) on the ranks of `communicator`; saves the
+    "builders": the model as layer builders, "batch_norm": its first with batch norm,
+    "padded": a (sum, count) loss, "count_held": count the model parameters this rank
+    holds}) on the ranks of `communicator`; saves the
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
@@ -158,13 +164,14 @@ def pipe_run(spec, communicator):
     data = batches(spec["seed"], spec.get("padded", False), FP16_STEPS if half else STEPS,
                    spec.get("overflow"))
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
-    before = model_parameters_held()        # earlier runs in this process may hold theirs
-    model = (layer_builders() if spec.get("builders") else
+    count = spec.get("count_held", False)   # (two full garbage collections: asked for)
+    before = model_parameters_held() if count else 0    # earlier runs here may hold theirs
+    model = (layer_builders(spec.get("batch_norm", False)) if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else build_model(spec["seed"]))
     engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)
-    held = model_parameters_held() - before
+    held = model_parameters_held() - before if count else None
     losses, scales = [], []
     for x, y in data:
         losses.append(engine.train_step(x, y))

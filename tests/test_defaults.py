@@ -105,12 +105,23 @@ def test_one_choice_left_to_pipe_is_said_alone(capsys):
 
 
 def matrix(root):
-    """A 2 x 2 pipeline with nothing pinned (trained in one launch: conftest.trained)."""
-    return [(4, spec(root, "defaults-zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2,
-                     defer_wgrad=None, one_graph=None))]
+    """Runs with nothing pinned (trained in one launch: conftest.trained): a 2 x 2 pipeline,
+    and layer builders with batch norm on the first stage only."""
+    left = dict(defer_wgrad=None, one_graph=None)
+    return [(4, spec(root, "defaults-zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2, **left)),
+            (2, {**spec(root, "defaults-batch-norm-builders-2x1", stages=2, **left),
+                 "builders": True, "batch_norm": True})]
 
 
 def test_every_rank_makes_the_same_choice_and_trains_the_one_process_model(trained):
     ranks = results(trained / "defaults-zb-v-2x2")
     assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, True)] * 4
     assert_same_weights(load(trained / "defaults-zb-v-2x2" / "model.ckpt"), plain_run("sgd", SEED)[0])
+
+
+def test_batch_norm_on_one_rank_decides_for_every_rank(trained):
+    """Builders build each rank's layers alone: rank 1 holds no buffers, yet runs as rank 0
+    must (one schedule, one way of running it, on every rank)."""
+    ranks = results(trained / "defaults-batch-norm-builders-2x1")
+    assert [bool(r["buffers"]) for r in ranks.values()] == [True, False]
+    assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(False, False)] * 2

@@ -17,6 +17,7 @@ LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1)]
 CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
 ONE_GRAPH = [("zb-v", 2, 2)]       # the V's local turn, split backward, two replicas
+WHOLE_ON_EVERY_RANK = ("1f1b", 4, 1)   # the whole model given: every rank holds it all
 
 
 def spec(root, name, optimizer="sgd", **config):
@@ -26,10 +27,10 @@ def spec(root, name, optimizer="sgd", **config):
 
 def matrix(root):
     """Every pipeline this module checks (trained in one launch: conftest.trained)."""
-    configs = [(p * d, spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d))
-               for s, p, d in CASES]
+    configs = [(p * d, {**spec(root, f"{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d),
+                        "count_held": (s, p, d) == WHOLE_ON_EVERY_RANK}) for s, p, d in CASES]
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
-                         "builders": True}) for p, d, s in BUILDER_LAYOUTS]
+                         "builders": True, "count_held": True}) for p, d, s in BUILDER_LAYOUTS]
     configs += [(p * d, spec(root, f"one-graph-{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d,
                              one_graph=True)) for s, p, d in ONE_GRAPH]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
@@ -108,7 +109,7 @@ def test_each_rank_builds_only_its_layers(runs):
     assert held("builders-2x1") == [672 + 1056, 1056 + 330]
     assert held("builders-4x1") == [672, 1056, 1056, 330]
     assert held("builders-2x2") == [672 + 1056, 1056 + 330] * 2    # interleaved: blocks 0+2, 1+3
-    assert held("1f1b-4x1") == [3114] * 4
+    assert held("{}-{}x{}".format(*WHOLE_ON_EVERY_RANK)) == [3114] * 4
 
 
 @pytest.mark.parametrize("schedule,stages,data_parallel", ONE_GRAPH)

@@ -8,6 +8,8 @@ times within each.
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import time
 from pipe.watchdog import Watchdog
@@ -34,6 +36,7 @@ def test_a_paused_watchdog_lets_user_code_take_its_time():
     assert done.returncode == 0 and "finished" in done.stdout
 
 
+@pytest.mark.alone
 def test_progress_keeps_it_quiet():
     done = run('for i in range(25):\n    dog.progress(i)\n    time.sleep(0.1)', timeout=1.0)
     assert done.returncode == 0 and "finished" in done.stdout
