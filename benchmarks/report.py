@@ -120,7 +120,7 @@ def chart(rows, path):
     colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
     for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
-        labels = [f"{NAMES[r['impl']]} {r['layout']} {r['schedule'].replace('-', '') if r['schedule'] != '-' else ''}"
+        labels = [f"{NAMES[r['impl']]} {r['layout']} {r['schedule'] if r['schedule'] != '-' else ''}"
                   for r in mine]
         ax.barh(labels, [r["step_ms"] for r in mine], color=[colors[r["impl"]] for r in mine])
         for y, r in enumerate(mine):

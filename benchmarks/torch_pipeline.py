@@ -11,6 +11,7 @@ torch is not a dependency of pipe: this script is the only file that imports it.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -131,7 +132,8 @@ def main():
                         "hidden": args.hidden, "batch_size": args.batch_size, "precision": "fp32",
                         "rank": 0, "stage": 0, "repeat": repeat, "step_ms": seconds * 1e3,
                         "samples_per_s": args.batch_size / seconds,
-                        "peak_memory_bytes": torch.cuda.max_memory_allocated() if gpu else 0}) + "\n")
+                        "peak_memory_bytes": torch.cuda.max_memory_allocated() if gpu else
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}) + "\n")
     dist.destroy_process_group()
 
 

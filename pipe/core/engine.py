@@ -41,7 +41,9 @@ class MicroBatches:
 
     @property
     def shapes(self):
-        return tuple(self.inputs[0].shape), tuple(self.labels[0].shape)
+        """A micro-batch's (input shape, label shape), read off `source` (no tensor is cut)."""
+        rows = self.cut[0].stop - self.cut[0].start
+        return tuple((rows, *np.shape(a)[1:]) for a in self.source)
 
 
 def as_tensor(array):
