@@ -115,7 +115,10 @@ headline() {  # one device, pipe's best schedules, the built-in and torch, on al
     size_of $model $P
     say "== $model MLP: $SIZE"
     launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
-    [ $P -gt 1 ] || continue
+    if [ $P = 1 ]; then   # one device: no pipeline, pipe's step beside MindSpore's
+      launch 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $SIZE --micro-batches 1 $DEFER
+      continue
+    fi
     launch $P "pipe ${P}x1 M=$M: ${BEST// /, } (pipe chooses W and one graph)" $SIZE --stages $P \
       --micro-batches $M --schedule "${BEST// /,}" $DEFER
     if [ "$DEVICE" != CPU ]; then
