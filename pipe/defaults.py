@@ -11,11 +11,12 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   holds buffers (batch norm: its gradient over all rows would use their joint statistics).
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
-  per action (the large MLP: 66.6 -> 39.1 ms). In fp32 on a GPU, where an action is long
-  enough to hide the host, it measured slower (the large MLP, 69 GFLOP per action: 110
-  against 85 ms), so there pipe keeps the per-action loop. What needs the host between
-  actions (buffers, recompute, a tuple crossing a stage boundary, a (sum, count) loss)
-  runs in the loop.
+  per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
+  faster at every size measured (4 to 275 GFLOP per action). With messages between stages
+  in fp32, where an action is long enough to hide the host, it measured slower (the large
+  MLP on 2 GPUs, 69 GFLOP per action: 110 against 85 ms), so there pipe keeps the
+  per-action loop. What needs the host between actions (buffers, recompute, a tuple
+  crossing a stage boundary, a (sum, count) loss) runs in the loop.
 """
 import math
 
@@ -28,8 +29,8 @@ __all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "choose_graph", "action_f
 LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
 
 # Below this many floating-point operations per action, an fp32 action runs on an H200 in
-# about the host's 0.2-0.5 ms per call: the step is host-bound. (Measured: 0.13 GFLOP, the
-# small MLP, host-bound; 69 GFLOP, the large, device-bound.)
+# about the host's 0.2-0.5 ms per call: the step is host-bound. (Measured on 2 GPUs: 0.13
+# GFLOP, the small MLP, one graph 2x faster; 69 GFLOP, the large, one graph slower.)
 HOST_BOUND_FLOPS = 1e10
 
 
@@ -50,13 +51,18 @@ def choose_graph(config, buffers, tuples, counted, flops):
     for needed, what in needs_loop:
         if needed:
             return False, f"the per-action loop ({what} needs the host between actions)"
-    if config.device != "CPU" and config.precision == "fp32" and flops >= HOST_BOUND_FLOPS:
-        return False, (f"the per-action loop ({flops / 1e9:.0f} GFLOP per action hides the host's "
-                       "cost, and one graph measured slower in fp32 there)")
     if config.precision == "fp16":
         return True, "one graph per step (fp16: the weights are cast once per step, not per action)"
-    return True, (f"one graph per step ({flops / 1e9:.2g} GFLOP per action: the host's cost per "
-                  "action would dominate)")
+    if flops < HOST_BOUND_FLOPS:
+        return True, (f"one graph per step ({flops / 1e9:.2g} GFLOP per action: the host's cost "
+                      "per action would dominate)")
+    if config.device == "CPU":
+        return True, "one graph per step (on CPU it measured 2x faster than the loop)"
+    if config.stages == 1:
+        return True, (f"one graph per step (one stage, no messages: as fast as the loop at "
+                      f"{flops / 1e9:.0f} GFLOP per action, as measured)")
+    return False, (f"the per-action loop ({flops / 1e9:.0f} GFLOP per action hides the host's "
+                   "cost, and one graph with messages between stages measured slower in fp32 there)")
 
 
 def action_flops(chunks, specs):
