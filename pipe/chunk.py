@@ -38,7 +38,9 @@ class Chunk(CountedLoss, BatchNorm, SplitBackward, MixedPrecision, Dropout, Relu
         self.input_grad_cell, self.weight_grad_cell = split_cells(self)
         self.infer_cell = Infer(self.layers)
         self.memory = {"held": 0, "peak": 0}          # bytes in flight, now and at most
-        self.residuals, self.waiting = Held(self.memory), Held(self.memory)
+        self.batch_shapes = None                      # this step's micro-batch shapes (the engine's)
+        self.residuals, self.waiting = (Held(self.memory, lambda: self.batch_shapes)
+                                        for _ in range(2))
         self.counts = []                              # this step's loss counts (last chunk)
 
     @property

@@ -82,7 +82,7 @@ class PipelineEngine(Engine):
         self.p2p = self.links.get(batch.shapes)     # None: new shapes, agreed before the step
         step_draws = draws(self.config, batch, self.step + 1)   # dropout masks (pipe.dropout)
         for chunk in self.chunks:
-            chunk.draws = step_draws
+            chunk.draws, chunk.batch_shapes = step_draws, batch.shapes   # (shapes: pipe.memory)
         if self.scaler:                  # the backward starts at the loss x S
             self.scaler.scale_loss(self.chunks, self.micro_batches_per_step)
         return batch

@@ -12,28 +12,29 @@ def _tensors(entry):
 
 class Held(dict):
     """A chunk's store of micro-batches in flight (`residuals`, `waiting`), adding their bytes
-    to `counter` ({"held", "peak"}, shared by a chunk's stores). Bytes are read once per
-    layout of shapes: reading a tensor's size can wait for the device."""
+    to `counter` ({"held", "peak"}, shared by a chunk's stores).
 
-    sizes = {}                           # (shape, dtype) of each tensor -> bytes
+    Reading a just-made tensor's shape waits for the operator that makes it: on every action
+    that cost the host 1-3 ms per step of the small MLP on a GPU. An entry's shapes follow
+    from the step's micro-batch shapes (`batch_shapes()`, which the engine sets each step),
+    so its bytes are read once per those shapes and micro-batch (None: read every time)."""
 
-    def __init__(self, counter):
+    def __init__(self, counter, batch_shapes):
         super().__init__()
-        self.counter = counter
+        self.counter, self.batch_shapes, self.sizes = counter, batch_shapes, {}
 
-    def _bytes(self, entry):
-        tensors = _tensors(entry)
-        key = tuple((t.shape, t.dtype) for t in tensors)
-        if key not in self.sizes:
-            self.sizes[key] = sum(t.nbytes for t in tensors)
+    def _bytes(self, mb, entry):
+        key = (self.batch_shapes(), mb)
+        if key[0] is None or key not in self.sizes:
+            self.sizes[key] = sum(t.nbytes for t in _tensors(entry))
         return self.sizes[key]
 
     def __setitem__(self, mb, entry):
         super().__setitem__(mb, entry)
-        self.counter["held"] += self._bytes(entry)
+        self.counter["held"] += self._bytes(mb, entry)
         self.counter["peak"] = max(self.counter["peak"], self.counter["held"])
 
     def pop(self, mb):
         entry = super().pop(mb)
-        self.counter["held"] -= self._bytes(entry)
+        self.counter["held"] -= self._bytes(mb, entry)
         return entry

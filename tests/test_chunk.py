@@ -192,3 +192,17 @@ def test_infer_runs_in_eval_mode():
     dropout_stage = Chunk([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
     x = tensor(3, 4)
     assert_close(dropout_stage.infer(x), dropout_stage.layers[0](x))    # no dropout
+
+
+def test_held_bytes_are_read_once_per_step_shapes():
+    """The engine names each step's micro-batch shapes (pipe.memory reads an entry's bytes
+    once per those): entries of other shapes are counted anew, and popping one gives back
+    what it added."""
+    stage = Chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)
+    for rows in (4, 2, 4):
+        stage.batch_shapes = ((rows, 6), (rows,))
+        stage.forward(0, tensor(rows, 6))
+        assert stage.memory["held"] == 4 * rows * (6 + 8)     # the two Dense layers' inputs
+        stage.residuals.pop(0)
+        assert stage.memory["held"] == 0
+    assert stage.peak_bytes == 4 * 4 * (6 + 8)
