@@ -39,8 +39,8 @@ class Chunk(CountedLoss, BatchNorm, SplitBackward, MixedPrecision, Dropout, Relu
         self.infer_cell = Infer(self.layers)
         self.memory = {"held": 0, "peak": 0}          # bytes in flight, now and at most
         self.batch_shapes = None                      # this step's micro-batch shapes (the engine's)
-        self.residuals, self.waiting = (Held(self.memory, lambda: self.batch_shapes)
-                                        for _ in range(2))
+        self.residuals = Held(self.memory, lambda: self.batch_shapes)    # (pipe.memory)
+        self.waiting = Held(self.memory, lambda: self.batch_shapes)
         self.counts = []                              # this step's loss counts (last chunk)
 
     @property
