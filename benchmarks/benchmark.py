@@ -16,9 +16,7 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import sys
-import time
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 
@@ -30,6 +28,7 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
 from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
+from timing import median_windows  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
@@ -95,17 +94,7 @@ def peak_memory(device):
 def timed(step, args):
     """The median step time of each of `args.repeats` windows of `args.steps` steps, after
     `args.warmup` steps: the report takes the median window."""
-    for _ in range(args.warmup):
-        step()
-    windows = []
-    for _ in range(args.repeats):
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        windows.append(statistics.median(times))
-    return windows
+    return median_windows(step, args.warmup, args.steps, args.repeats)
 
 
 def builtin_run(args, device, model, bounds, loss_fn, x, y):

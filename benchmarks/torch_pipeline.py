@@ -14,7 +14,6 @@ import os
 import resource
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -22,7 +21,9 @@ from torch import nn
 from torch.distributed import pipelining as pp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipe.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
+from timing import median_windows  # noqa: E402
 
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
              "zb-v": ("ScheduleZBVZeroBubble", 2), "dualpipe-v": ("ScheduleDualPipeV", 2)}
@@ -51,22 +52,6 @@ def schedule_list(text):
     return names
 
 
-def timed(step, warmup, steps, repeats):
-    """Each window's median step (rank 0 after a barrier per step), `repeats` windows."""
-    for _ in range(warmup):
-        step()
-    windows = []
-    for _ in range(repeats):
-        times = []
-        for _ in range(steps):
-            dist.barrier()
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        windows.append(statistics.median(times))
-    return windows
-
-
 def train(args, name, rank, world, device):
     """The windows of `name`'s schedule on this rank's stages, built afresh."""
     torch.manual_seed(0)
@@ -91,7 +76,8 @@ def train(args, name, rank, world, device):
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-    return timed(step, args.warmup, args.steps, args.repeats)
+    # rank 0's time, each step after a barrier: every rank starts it together
+    return median_windows(step, args.warmup, args.steps, args.repeats, before=dist.barrier)
 
 
 def main():
