@@ -3,11 +3,15 @@
 ReLU's gradient needs only its output: it passes dy where the output is > 0. As relu(y) = y
 there, the layer's own backward run at its output gives exactly the gradient at its input.
 That output is the next layer's input, kept anyway, so the ReLU keeps nothing of its own
-unless it is the chunk's last layer or a dropout (which keeps its mask) follows.
+unless it is the chunk's last layer or a dropout (which keeps its mask) follows. Its
+backward is the one kernel autograd runs (ReluGrad at the output): differentiating the
+layer at y would run relu(y) again first, a second kernel per ReLU and micro-batch, which
+a small model's step pays in host time (docs/performance.md).
 """
 from mindspore import nn
+from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU backward
 
-from pipe.core.chunk import KeepInput
+from pipe.core.chunk import KeepInput, LayerGrad
 
 __all__ = ["ReluKeepsOutput"]
 
@@ -29,6 +33,17 @@ class SharesOutput(KeepOutput):
         return self.layer(x), ()
 
 
+class OutputGrad(nn.Cell):
+    """ReLU's backward from its output: (y, dy) -> (dy where y > 0, ())."""
+
+    def __init__(self):
+        super().__init__(auto_prefix=False)
+        self.relu_grad = ReluGrad()
+
+    def construct(self, y, dy):
+        return self.relu_grad(dy, y), ()
+
+
 class ReluKeepsOutput:
     """Chunk feature: an nn.ReLU keeps its output (core's residual indices then point its
     backward at the next layer's input when it shares it)."""
@@ -39,3 +54,8 @@ class ReluKeepsOutput:
         following = self.layers[i + 1] if i + 1 < len(self.layers) else None
         keeps_input = following is not None and type(following) is not nn.Dropout
         return SharesOutput(self.layers[i]) if keeps_input else KeepOutput(self.layers[i])
+
+    def layer_grad(self, i, input_grad, make=LayerGrad):
+        if type(self.layers[i]) is not nn.ReLU:
+            return super().layer_grad(i, input_grad, make)
+        return OutputGrad()

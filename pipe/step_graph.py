@@ -221,6 +221,6 @@ class StepGraph(nn.Cell):
         summed, flat = (), ()
         for c in range(self.count):
             summed, flat = summed + (grads[c],), flat + grads[c]
-        if self.update is not None:
-            done = ops.depend(done, self.update(flat))
+        if self.update is not None:   # stepped here: no gradient need leave the graph
+            done, summed = ops.depend(done, self.update(flat)), ()
         return loss_share(losses, self.micro_batches), summed, ops.depend(sent, done)
