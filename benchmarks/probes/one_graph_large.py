@@ -7,7 +7,9 @@
 Variants, one engine after another on one wire: the loop with W deferred (what pipe picks
 there); one graph with W deferred and the optimizer inside the graph (what one_graph does
 with one replica); the same with the optimizer outside it; one graph with W per
-micro-batch. Rank 0 prints each one's median step over --repeats windows.
+micro-batch. Rank 0 prints each one's median step over --repeats windows; with
+--device-trace DIR every rank then traces 5 more steps of it on the GPU and prints what
+the device did (benchmarks/probes/device_trace.py).
 """
 import gc
 import os
@@ -23,6 +25,7 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmark import build_model, own_random_weights, timed  # noqa: E402
+from device_trace import summary, trace  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
@@ -61,8 +64,11 @@ def main(argv=None):
     p.add_argument("--steps", type=positive_int, default=10)
     p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--device-trace", metavar="DIR", help="trace each variant's kernels (GPU)")
     args = p.parse_args(argv)
     device = "GPU" if shutil.which("nvidia-smi") else "CPU"
+    if args.device_trace and device != "GPU":
+        p.error("--device-trace needs a GPU (it records CUDA kernels)")
     ms.set_device(device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
@@ -75,6 +81,12 @@ def main(argv=None):
         if wire.rank == 0:
             print(f"{name:34s} {statistics.median(windows) * 1e3:9.2f} ms  "
                   f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)})", flush=True)
+        if args.device_trace:
+            where = os.path.join(args.device_trace, name.replace(" ", "").replace(",", "-"),
+                                 f"rank{wire.rank}")
+            trace(lambda: engine.train_step(x, y), 5, where)
+            print("\n".join(f"rank {wire.rank}, {name}: {line}" for line in summary(where)),
+                  flush=True)
         del engine
         gc.collect()
 
