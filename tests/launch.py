@@ -72,8 +72,7 @@ class Job:
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
+            self.kill()
             raise
         finally:
             self.outs = [self._read(f"out.{r}") for r in range(self.ranks)]
@@ -85,9 +84,12 @@ class Job:
     def stop(self):
         """End the job if it still runs (a session that ended before waiting for it)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
+            self.kill()
         shutil.rmtree(self.logs, ignore_errors=True)
+
+    def kill(self):
+        os.killpg(self.proc.pid, 9)
+        self.proc.wait()
 
     @property
     def returncode(self):
