@@ -1,24 +1,24 @@
 """What the GPU did during a few training steps: per step, the kernels it ran, how long it
 was busy, and which kernels took the time (MindSpore's profiler, over CUPTI).
 
-    python benchmarks/probes/device_trace.py DIR     # summarize a trace that trace() wrote
+    python benchmarks/probes/device_trace.py DIR STEPS   # summarize a trace that trace() wrote
 
 Busy time far below the step time means the step is bound by the host issuing kernels,
 not by the GPU: the small MLP's one-device step was (docs/performance.md, "One H200").
 
 `trace(step, steps, directory)` runs `step()` (which must wait for its step) `steps` times
-under the profiler, 20 ms apart so that each step's kernels stand alone. MindSpore 2.10
+under the profiler, 0.3 s apart: the longest idle stretches of the device cut the steps. MindSpore 2.10
 loads libcupti.so from LD_LIBRARY_PATH; the GPU kit has none: the nvidia-cuda-cupti-cu11
 11.8.87 wheel's nvidia/cuda_cupti/lib/libcupti.so.11.8, renamed libcupti.so, works.
 """
 import collections
 import glob
+import itertools
 import os
 import sys
 import time
 
-PAUSE_S = 0.02          # between traced steps
-GAP_NS = 10_000_000     # kernels further apart than this belong to different steps
+PAUSE_S = 0.3           # between traced steps (the profiler slows a step's host 5-10x)
 
 
 def trace(step, steps, directory):
@@ -31,6 +31,7 @@ def trace(step, steps, directory):
         step()
         time.sleep(PAUSE_S)
     profiler.stop()
+    profiler.analyse()               # (also what lets a later Profiler in this process start)
 
 
 def kernels(directory):
@@ -45,23 +46,21 @@ def kernels(directory):
     return sorted(found)
 
 
-def steps_of(found):
-    """The kernels cut into steps where the device was idle for GAP_NS or more."""
-    steps, end = [], None
-    for kernel in found:
-        if end is None or kernel[0] - end >= GAP_NS:
-            steps.append([])
-        steps[-1].append(kernel)
-        end = max(end or 0, kernel[0] + kernel[1])
-    return steps
+def steps_of(found, steps):
+    """The kernels cut into `steps` steps at the device's longest idle stretches."""
+    ends = list(itertools.accumulate((s + d for s, d, _ in found), max))
+    idle = sorted(range(1, len(found)), key=lambda i: found[i][0] - ends[i - 1])
+    cuts = sorted(idle[len(idle) - steps + 1:]) if steps > 1 else []
+    return [found[a:b] for a, b in zip([0] + cuts, cuts + [len(found)])]
 
 
-def summary(directory, top=12):
-    """Lines: each step's kernels, busy and span microseconds; the middle step's top kernels."""
-    steps = steps_of(kernels(directory))
-    if not steps:
+def summary(directory, steps, top=12):
+    """Lines: each of the `steps` traced steps' kernels, busy and span microseconds; the
+    middle step's costliest kernels."""
+    found = kernels(directory)
+    if not found:
         return [f"no kernels under {directory} (is libcupti.so on LD_LIBRARY_PATH?)"]
-    lines = []
+    steps, lines = steps_of(found, steps), []
     for i, step in enumerate(steps):
         busy = sum(d for _, d, _ in step) / 1e3
         span = (max(s + d for s, d, _ in step) - step[0][0]) / 1e3
@@ -77,10 +76,11 @@ def summary(directory, top=12):
 
 
 def main(argv):
-    if len(argv) != 1 or not os.path.isdir(argv[0]):
-        print(f"usage: python {sys.argv[0]} DIR (a directory trace() wrote)", file=sys.stderr)
+    if len(argv) != 2 or not os.path.isdir(argv[0]) or not argv[1].isdigit() or argv[1] == "0":
+        print(f"usage: python {sys.argv[0]} DIR STEPS (a directory trace() wrote, and how many "
+              "steps it traced)", file=sys.stderr)
         return 2
-    print("\n".join(summary(argv[0])))
+    print("\n".join(summary(argv[0], int(argv[1]))))
     return 0
 
 

@@ -31,6 +31,7 @@ from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
+TRACED = 5          # steps traced per variant with --device-trace
 VARIANTS = {  # name: (one_graph, defer_wgrad, optimizer inside the graph)
     "loop, W*": (False, True, False),
     "one graph, W*, update in graph": (True, True, True),
@@ -82,10 +83,10 @@ def main(argv=None):
             print(f"{name:34s} {statistics.median(windows) * 1e3:9.2f} ms  "
                   f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)})", flush=True)
         if args.device_trace:
-            where = os.path.join(args.device_trace, name.replace(" ", "").replace(",", "-"),
+            where = os.path.join(args.device_trace, "".join(c if c.isalnum() else "-" for c in name),
                                  f"rank{wire.rank}")
-            trace(lambda: engine.train_step(x, y), 5, where)
-            print("\n".join(f"rank {wire.rank}, {name}: {line}" for line in summary(where)),
+            trace(lambda: engine.train_step(x, y), TRACED, where)
+            print("\n".join(f"rank {wire.rank}, {name}: {line}" for line in summary(where, TRACED)),
                   flush=True)
         del engine
         gc.collect()
