@@ -146,7 +146,8 @@ class StepGraph(nn.Cell):
     micro-batch first, the loss gradient's scale) -> (this rank's share of the step's loss
     (pipe.core.engine.loss_share), the summed weight gradients of each of its chunks, a token set
     once its work and messages are done). Given `update` (the optimizer over the chunks'
-    parameters, in order), it steps too."""
+    parameters, in order), it steps too, and hands back no gradients (the small MLP's 18
+    cost 75-110 us of host per call on one H200)."""
 
     def __init__(self, layout, p2p, update=None):
         """`layout` passed `check_supported` (pipe.layout checks it before any message)."""
