@@ -13,7 +13,12 @@ from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU
 
 from pipe.core.chunk import KeepInput, LayerGrad
 
-__all__ = ["ReluKeepsOutput"]
+__all__ = ["ReluKeepsOutput", "is_relu"]
+
+
+def is_relu(layer):
+    """An nn.ReLU itself: a subclass may compute something else."""
+    return type(layer) is nn.ReLU
 
 
 class KeepOutput(KeepInput):
@@ -49,13 +54,13 @@ class ReluKeepsOutput:
     backward at the next layer's input when it shares it)."""
 
     def keeps(self, i):
-        if type(self.layers[i]) is not nn.ReLU:
+        if not is_relu(self.layers[i]):
             return super().keeps(i)
         following = self.layers[i + 1] if i + 1 < len(self.layers) else None
         keeps_input = following is not None and type(following) is not nn.Dropout
         return SharesOutput(self.layers[i]) if keeps_input else KeepOutput(self.layers[i])
 
     def layer_grad(self, i, input_grad, make=LayerGrad):
-        if type(self.layers[i]) is not nn.ReLU:
+        if not is_relu(self.layers[i]):
             return super().layer_grad(i, input_grad, make)
         return OutputGrad()

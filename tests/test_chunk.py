@@ -187,6 +187,22 @@ def test_batch_norm_gradients_use_the_batch_statistics():
     assert_same_backward(dx, grads, layers, x, dy)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_half_precision_relu_after_batch_norm_is_differentiated_at_its_float32_input(split):
+    """Batch norm computes in float32 between float16 layers: the ReLU after it gets its
+    float32 gradient from its kept input, as autograd over the same cast layers does."""
+    layers, _ = batch_norm_stage()
+    stage = Chunk(layers, is_first=False, half=True)       # casts `layers` in place
+    x, dy = tensor(4, 6), ms.Tensor(rng.standard_normal((4, 3)).astype(np.float16))
+    dx, grads = one_step(stage, x, dy, split)
+    for layer in layers:
+        layer.set_train(True)
+    want_dx, want_dw = reference_grads(layers, x, dy)
+    assert dx.dtype == want_dx.dtype == ms.float32 and len(grads) == len(want_dw)
+    for got, want in zip((dx, *grads), (want_dx, *want_dw)):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-2, atol=1e-2)   # float16's
+
+
 def test_infer_runs_in_eval_mode():
     ms.set_seed(5)
     dropout_stage = Chunk([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
