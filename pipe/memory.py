@@ -25,9 +25,7 @@ class Held(dict):
 
     def _bytes(self, mb, entry):
         key = (self.batch_shapes(), mb)
-        if key[0] is None:
-            return sum(t.nbytes for t in _tensors(entry))
-        if key not in self.sizes:
+        if key[0] is None or key not in self.sizes:
             self.sizes[key] = sum(t.nbytes for t in _tensors(entry))
         return self.sizes[key]
 

@@ -12,6 +12,7 @@ from mindspore import nn
 from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU backward
 
 from pipe.core.chunk import KeepInput, LayerGrad
+from pipe.dropout import is_dropout
 
 __all__ = ["ReluKeepsOutput", "is_relu"]
 
@@ -57,7 +58,7 @@ class ReluKeepsOutput:
         if not is_relu(self.layers[i]):
             return super().keeps(i)
         following = self.layers[i + 1] if i + 1 < len(self.layers) else None
-        keeps_input = following is not None and type(following) is not nn.Dropout
+        keeps_input = following is not None and not is_dropout(following)
         return SharesOutput(self.layers[i]) if keeps_input else KeepOutput(self.layers[i])
 
     def layer_grad(self, i, input_grad, make=LayerGrad):

@@ -7,8 +7,7 @@ import pytest
 from launch import load, results
 
 FLAGS = ["--data", "synthetic", "--stages", "2", "--layers", "3", "--hidden", "256",
-         "--batch-size", "32", "--micro-batches", "4", "--steps", "3", "--no-eval",
-         "--no-one-graph", "--no-defer-wgrad"]   # the per-action loop, W per micro-batch
+         "--batch-size", "32", "--micro-batches", "4", "--steps", "3", "--no-eval"]
 SCHEDULES = ["1f1b", "zb-h1"]
 
 
