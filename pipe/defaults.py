@@ -15,13 +15,15 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   faster at every size measured (4 to 275 GFLOP per action). With messages between stages
   in fp32, where an action is long enough to hide the host, it measured slower (the large
   MLP on 2 GPUs, 69 GFLOP per action: 110 against 85 ms), so there pipe keeps the
-  per-action loop. What needs the host between actions (buffers, recompute, a tuple
-  crossing a stage boundary, a (sum, count) loss) runs in the loop.
+  per-action loop. What needs the host between actions (buffers, recompute) runs in the
+  loop.
 """
 import math
 
 import mindspore as ms
 import numpy as np
+
+from pipe.core.wire import elements
 
 __all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "choose_graph", "action_flops", "most_of",
            "announce"]
@@ -44,10 +46,9 @@ def choose_defer(config, buffers):
     return True, "W deferred to the flush (one product per layer over all micro-batches)"
 
 
-def choose_graph(config, buffers, tuples, counted, flops):
+def choose_graph(config, buffers, flops):
     """(whether to run the step as one graph, why); `flops`: the most any action computes."""
-    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm"),
-                  (tuples, "a tuple at a stage boundary"), (counted, "a (sum, count) loss")]
+    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm")]
     for needed, what in needs_loop:
         if needed:
             return False, f"the per-action loop ({what} needs the host between actions)"
@@ -71,7 +72,7 @@ def action_flops(chunks, specs):
     layers. A float input (rows, ..., width) has rows x ... vectors; token ids, one each."""
     most = 0
     for chunk, spec in zip(chunks, specs):
-        shape, dtype = spec
+        shape, dtype = elements(spec)[0]      # a tuple: its first element (hidden states)
         vectors = math.prod(shape[:-1]) if dtype.is_floating_point else math.prod(shape)
         most = max(most, 2 * vectors * sum(p.size for p in chunk.params))
     return most

@@ -6,8 +6,8 @@
 Every rank builds the same full model (same seed) or, given layer builders, only its own
 layers (pipe.builders); it keeps its stage's layers (pipe.layout) and walks its list of
 schedule actions (pipe.schedules): F, B, I, W and the messages between them, one call
-each, or with `one_graph` all of them as one compiled graph (pipe.step_graph). Each
-method here overrides one of core's seams and calls core through `super()`.
+each, or with `one_graph` all of them as one compiled graph (pipe.step_graph).
+`train_step` reads top to bottom; each feature is a line of it or a guard.
 """
 import math
 import os
@@ -19,16 +19,16 @@ import mindspore as ms
 
 from pipe import checkpoint, predict
 from pipe.batchnorm import average_buffers
-from pipe.core.engine import Engine
+from pipe.core.engine import Engine, as_tensor, clip_by_global_norm, split
 from pipe.deadlines import connect
 from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
 from pipe.dropout import draws
-from pipe.handshake import StageCheck
+from pipe.handshake import StageCheck, agreed
 from pipe.layout import plan
-from pipe.normalized_loss import refuse_in_graph, to_token_mean
+from pipe.normalized_loss import TokenCount, loss_sum
 from pipe.precision import LossScaler
 from pipe.schedules import micro_batches_of
-from pipe.step_graph import StepGraph, refuse_tuples, replica_rows, updates_in_graph
+from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.tied import fold_repeats, sum_gradients
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
@@ -54,18 +54,17 @@ class PipelineEngine(Engine):
         # MindSpore writes a failed compile's report under ./rank_<r>/om/ unless told otherwise.
         os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(),
                                                          f"pipe-compile-rank{wire.rank}"))
-        self.sample = sample
+        self.sample, self.loss_fn = sample, loss_fn
         super().__init__(model, loss_fn, make_optimizer, config, wire)
         self.update_in_graph = False     # (set with one_graph: self.run_as)
         if config.one_graph is not None:
             self.run_as(config.one_graph)
-        self.counted = self.layout.counted   # a tied weight adds to the norm on one rank
+        self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
         self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
+        self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
         self.predicting = {}             # predict's batch shapes -> (messages, output spec)
-        self.counted_loss = False        # loss_fn returns (sum, count) (pipe.normalized_loss)
-        self.micro_batches_per_step = config.micro_batches * config.data_parallel   # M x D
         self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
@@ -76,48 +75,62 @@ class PipelineEngine(Engine):
         self.layout = plan(model, loss_fn, self.config, self.wire, self.sample, self.left)
         return self.layout.schedule, self.layout.chunks
 
-    # ---- the step's seams -------------------------------------------------------------
-    def micro_batches(self, inputs, labels):
-        batch = super().micro_batches(inputs, labels)
-        self.p2p = self.links.get(batch.shapes)     # None: new shapes, agreed before the step
-        step_draws = draws(self.config, batch, self.step + 1)   # dropout masks (pipe.dropout)
-        for chunk in self.chunks:
-            chunk.draws, chunk.batch_shapes = step_draws, batch.shapes   # (shapes: pipe.memory)
-        if self.scaler:                  # the backward starts at the loss x S
-            self.scaler.scale_loss(self.chunks, self.micro_batches_per_step)
-        return batch
+    # ---- one training step ------------------------------------------------------------
+    def train_step(self, inputs, labels):
+        """One optimizer step on the global mini-batch; returns its loss on every rank."""
+        batch = split(self.config, inputs, labels, self.replica)   # this replica's micro-batches
+        self.step += 1
+        if batch.shapes not in self.links:            # new shapes: the stages agree on them
+            self.connect_stages(batch)
+        self.p2p = self.links[batch.shapes]
+        weight = self.loss_weight(batch)              # what each micro-batch's loss counts
+        scale = weight * (self.scaler.value if self.scaler else 1.0)   # fp16: x the loss scale S
+        for chunk in self.chunks:                     # sums start anew; this step's masks
+            chunk.start_step(scale, draws(self.config, batch, self.step), batch.shapes)
+        losses, grads = self.run_actions(batch)       # F, B, I, W and messages
+        if not self.update_in_graph:                  # (one graph may have stepped already)
+            self.update_weights(grads)
+        return self.step_loss(losses, weight)
 
-    def run_step(self, batch):
+    def loss_weight(self, batch):
+        """Each micro-batch's loss x this, summed, is the step's loss, and the backward
+        starts from its gradient x this: 1/(M x D), the mean of the micro-batch means, or
+        for a (sum, count) loss 1/(the global batch's count) (pipe.normalized_loss)."""
+        count = self.token_counts[batch.shapes]
+        if count is None:
+            return 1.0 / (self.config.micro_batches * self.config.data_parallel)
+        total = count.count(as_tensor(batch.source[1]))      # the same on every rank: its labels
+        if total <= 0:
+            raise ValueError(f"loss_fn counts {total:g} targets in this step's whole batch: its "
+                             "token mean (sum / count) is undefined; leave such batches out")
+        return 1.0 / total
+
+    def run_actions(self, batch):
+        """This rank's actions, one by one or as one graph: (its losses' sum, the summed
+        weight gradients of its chunks, in order; none when the graph stepped)."""
+        self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         if not self.config.one_graph:
-            return super().run_step(batch)
-        if batch.shapes not in self.graphs:   # built at its first call, once per shape
-            self.graphs[batch.shapes] = StepGraph(self.layout, self.p2p,
-                                                  self.update if self.update_in_graph else None)
-        self.watch.begin(self.schedule)  # (its first call compiles: not timed)
+            self.execute(self.schedule, batch, self.handlers)
+            return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads)
+        graph = self.graphs[batch.shapes]   # compiled before the step's first message
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            share, grads, done = self.graphs[batch.shapes](*replica_rows(batch),
-                                                           self.dropout_masks(batch),
-                                                           self.chunks[0].grad_scale)
+            losses, grads, done = graph.compile_and_run(*replica_rows(batch), self.dropout_masks(
+                batch, self.p2p), self.chunks[0].grad_scale)
             done.asnumpy()               # waits inside the watch: a failed message is this step's
-        for chunk, summed in zip(self.chunks, grads):
-            chunk.grads = summed
-        return share
+        return losses, tuple(g for summed in grads for g in summed)
 
-    def dropout_masks(self, batch):
-        """Each micro-batch's dropout masks for each chunk, as the loop draws them."""
-        held = self.layout.virtual_stages_held
-        return tuple(chunk.masks(self.p2p.shapes[vs], chunk.draws[m])
-                     for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
-
-    def update_weights(self):
-        if self.update_in_graph:         # the step's graph has stepped
-            return
+    def update_weights(self, grads):
+        """Unscale (fp16), sum over tied copies and replicas, clip, step."""
         with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
-            if self.counted_loss:        # d(total sum) / total count (pipe.normalized_loss)
-                self.total = to_token_mean(self.wire, self.chunks, self.micro_batches_per_step)
-            if self.scaler and not self.scaler.unscale(self.wire, self.chunks):
-                return                   # a gradient overflowed on some rank: all skip the step
-            super().update_weights()
+            if self.scaler:
+                grads, finite = self.scaler.unscale(self.wire, grads)
+                if not finite:           # a gradient overflowed on some rank: all skip the step
+                    return
+            grads = self.reduce(grads)
+            if self.config.clip_grad_norm:
+                grads = clip_by_global_norm(self.wire, grads, self.norm_once, self.config.clip_grad_norm,
+                                            tuple(range(self.wire.size)), self.config.data_parallel)
+            self.update(ms.mutable(grads))
 
     def reduce(self, grads):
         """Over the replicas, and a tied weight's over every rank that holds a copy."""
@@ -127,19 +140,27 @@ class PipelineEngine(Engine):
             return sum_gradients(self.wire, grads, self.topo.data_parallel_ranks(self.stage),
                                  self.layout.tied)
 
-    def mean_loss(self, share):
+    def step_loss(self, losses, weight):
+        """The step's loss on every rank: every rank's losses summed, x `weight`; batch
+        norm's statistics averaged over the replicas on the way."""
         replicas = self.topo.data_parallel_ranks(self.stage)
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if self.layout.buffers and len(replicas) > 1:
                 average_buffers(self.wire, self.layout.buffers, replicas)
-            loss = super().mean_loss(share)
-            if self.counted_loss:        # total sum / total count
-                loss *= self.micro_batches_per_step / self.total
+            world = tuple(range(self.wire.size))
+            loss = float(self.wire.all_reduce(losses, world).asnumpy()[0]) * weight
         self.watch.end(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "
                                      "learning rate or check the inputs for NaN/inf")
         return loss
+
+    def dropout_masks(self, batch, p2p, drawn=True):
+        """Each micro-batch's dropout masks for each chunk, as the loop draws them (`drawn`
+        off: keeping every unit, for their shapes)."""
+        held = self.layout.virtual_stages_held
+        return tuple(chunk.masks(p2p.shapes[vs], chunk.draws[m] if drawn else None)
+                     for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
 
     def execute(self, schedule, batch, handlers):
         self.watch.begin(schedule)
@@ -161,22 +182,36 @@ class PipelineEngine(Engine):
     def backward_weight(self, action, batch):    # W: one micro-batch, or all (deferred)
         self.chunks[action.chunk].backward_weight(micro_batches_of(self.schedule, action))
 
+    # ---- before a step on new shapes ----------------------------------------------------
     def connect_stages(self, batch, training=True):
-        """Core's walk, with every stage's forward checked (pipe.handshake)."""
+        """Core's walk, with every stage's forward checked (pipe.handshake); in training,
+        what the config left to pipe is chosen at the first, and the step's graph is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, batch.labels[0],
                                self.wire.dtypes, training, runs=1 if self.links else 2)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
-            self.output_spec, counted, tuples = check.agree(self.wire, p2p.shapes, last)
-        if training:
-            self.links[batch.shapes] = p2p
-            self.counted_loss = counted
-            if self.left:                # once: what the config left to pipe
-                self.choose(p2p, tuples, counted)
-            refuse_in_graph(self.config, counted)
-            refuse_tuples(self.config, tuples)
+            self.output_spec, counted = check.agree(self.wire, p2p.shapes, last)
+        if not training:
+            return p2p
+        self.links[batch.shapes] = p2p
+        self.token_counts[batch.shapes] = TokenCount(self.loss_fn, self.output_spec) if counted else None
+        if self.left:                    # once: what the config left to pipe
+            self.choose(p2p)
+        if self.config.one_graph:
+            self.build_graph(batch, p2p)
         return p2p
+
+    def build_graph(self, batch, p2p):
+        """The step as one graph for these shapes, compiled now, on every rank: one that
+        fails to compile on any rank fails on every rank before any message (the rank where
+        it failed raises the compiler's error, the others name that rank)."""
+        def compile_graph():
+            graph = StepGraph(self.layout, p2p, self.update if self.update_in_graph else None)
+            graph.compile(*replica_rows(batch), self.dropout_masks(batch, p2p, drawn=False),
+                          self.chunks[0].grad_scale)
+            return graph
+        self.graphs[batch.shapes] = agreed(self.wire, compile_graph, "compiling the step as one graph")
 
     def run_as(self, one_graph):
         """Run each step as one graph or action by action; with one graph and nothing to
@@ -184,14 +219,14 @@ class PipelineEngine(Engine):
         self.config.one_graph = one_graph
         self.update_in_graph = one_graph and updates_in_graph(self.layout)
 
-    def choose(self, p2p, tuples, counted):
+    def choose(self, p2p):
         """What the config left to pipe (pipe.defaults), once the first step's check has
         agreed what crosses the boundaries: the same on every rank; rank 0 says it."""
         choices = [self.layout.why_defer] if "defer_wgrad" in self.left else []
         if "one_graph" in self.left:
             specs = [p2p.shapes[vs] for vs in self.layout.virtual_stages_held]
-            flops = most_of(self.wire, 0 if tuples else action_flops(self.chunks, specs))
-            one_graph, why = choose_graph(self.config, self.layout.any_buffers, tuples, counted, flops)
+            flops = most_of(self.wire, action_flops(self.chunks, specs))
+            one_graph, why = choose_graph(self.config, self.layout.any_buffers, flops)
             self.run_as(one_graph)
             choices.append(why)
         self.left = []

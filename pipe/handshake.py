@@ -19,13 +19,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import arguments, variable
-from pipe.core.wire import DTYPES, HEADER, Parts, example, read_header, spec_of, write_header
+from pipe.core.chunk import FLOATS, arguments, variable
+from pipe.core.wire import DTYPES, HEADER, Parts, carrier, elements, example, read_header, spec_of, write_header
+from pipe.normalized_loss import check_count, is_counted
 from pipe.watchdog import PeerFailed, first_line
 
 __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
 
-FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
@@ -52,7 +52,8 @@ class Failure(NamedTuple):
 def probe(chunk, x, labels, training=True, runs=2):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
     leaving the buffers as they were; returns the spec of its output (on the model's last
-    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.normalized_loss).
+    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.normalized_loss),
+    whose count must then depend on the labels alone (`check_count`).
     A training forward runs `runs` times, twice before the first step: if they differ,
     `RandomLayer` names the layer; a later shape (the layers are the same) runs once, so a
     new shape costs its compile. (`predict` probes in eval mode, with no loss.)"""
@@ -69,8 +70,13 @@ def probe(chunk, x, labels, training=True, runs=2):
                           "of its forward on the same input differ, and pipe's backward "
                           "runs it again, drawing others; make each dropout an nn.Dropout "
                           "layer of its own (pipe draws its mask once per micro-batch)")
-    return spec_of(runs[0][1] if chunk.is_last else runs[0]), \
-        chunk.is_last and isinstance(runs[0][0], tuple)
+    if not chunk.is_last:
+        return spec_of(runs[0]), False
+    logits = spec_of(runs[0][1])          # (the loss gradient's: the logits' shape and dtype)
+    counted = is_counted(chunk.loss_fn.loss_fn, logits, labels)
+    if counted:
+        check_count(chunk.loss_fn.loss_fn, logits, labels)
+    return logits, counted
 
 
 def _random_layer(chunk, x):
@@ -147,11 +153,11 @@ def _first_weight(chunk):
 
 def check_input(spec, carried):
     """Whether the wire can bring a stage its input of (shape, dtype) `spec`: ("wire",
-    dtype index) if not, else None. `carried`: the dtypes the wire carries (None for the
-    input batch, which does not travel)."""
-    for _, dtype in (spec if isinstance(spec, Parts) else [spec]):
-        if carried is not None and dtype not in carried:
-            return "wire", DTYPES.index(dtype)
+    index of the first element it cannot carry) if not, else None. `carried`: the dtypes
+    the wire carries (None for the input batch, which does not travel)."""
+    for k, (_, dtype) in enumerate(elements(spec)):
+        if carried is not None and carrier(dtype) not in carried:
+            return "wire", k
     return None
 
 
@@ -204,8 +210,11 @@ def _failure_text(vs, kind, expected, spec, bounds):
     """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
     first, coming = bounds[vs][0], _coming(vs, bounds)
     if kind == "wire":
-        return (f"stage {vs} would receive {coming} as {DTYPES[expected]}, which the CPU wire "
-                "(numpy) cannot carry; use float32 or float16 activations on CPU")
+        dtype = elements(spec)[expected][1]
+        element = f"element {expected} of " if isinstance(spec, Parts) else ""
+        return (f"stage {vs} would receive {element}{coming} as {dtype}, which the wire between "
+                f"stages does not carry{' on CPU (numpy has no bfloat16)' if dtype == ms.bfloat16 else ''}; "
+                f"make layer {first - 1} hand it on as float32, float16, an int or bool")
     if kind == "dtype":
         source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
         return (f"dtype mismatch: stage {vs} receives {coming} as {spec[1]}, but the first "
@@ -252,8 +261,8 @@ class StageCheck:
     def agree(self, wire, specs, last_stage_rank):
         """One all-reduce of every rank's failure (stage, what went wrong, what it expects,
         what it got), and the model's output spec and whether its loss is (sum, count),
-        which `last_stage_rank` adds (rows are summed: each rank fills only its own), and
-        whether a tuple crosses any boundary. Returns (output spec, counted, tuples)."""
+        which `last_stage_rank` adds (rows are summed: each rank fills only its own).
+        Returns (output spec, counted)."""
         rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
         failure = self.failure
         if failure is not None:                     # +1: -1 pads sum to 0
@@ -262,10 +271,9 @@ class StageCheck:
         output = specs.get(len(self.bounds))
         if wire.rank == last_stage_rank and output is not None:
             rows[wire.size] = [self.counted, 0, 0, *(write_header(output) + 1)]
-        rows[wire.size, 1] = any(isinstance(spec, Parts) for spec in specs.values())
         rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
         self._raise_failures(rows[:wire.size])
-        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0]), bool(rows[wire.size, 1])
+        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0])
 
     def _raise_failures(self, rows):
         """A boundary's problem is told in full everywhere; the model's own error in full
@@ -287,10 +295,10 @@ class StageCheck:
                          f"rank {rank}'s error says why")
 
 
-def agreed(wire, work):
+def agreed(wire, work, what="while building its stages"):
     """`work()` on every rank, and its result; if it raises on any rank, it fails on
     every rank before any of them waits on another: the rank where it happened raises its
-    own error, the others a line that names that rank."""
+    own error, the others a line that names that rank and `what` it was doing."""
     try:
         result, error = work(), None
     except Exception as e:               # any exception: a peer must not wait for this rank
@@ -302,6 +310,5 @@ def agreed(wire, work):
         raise error
     if failed.any():
         rank = int(np.argmax(failed))
-        raise PeerFailed(f"rank {rank} failed while building its stages: rank {rank}'s error "
-                         "says why")
+        raise PeerFailed(f"rank {rank} failed {what}: rank {rank}'s error says why")
     return result

@@ -74,7 +74,7 @@ class Layout:
         return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
     @cached_property
-    def counted(self):
+    def norm_once(self):
         """Per parameter: whether this rank adds it to the global gradient norm (a tied
         weight on only one rank of its replica)."""
         return [k not in self.tied or self.rank == min(

@@ -2,54 +2,81 @@
 
 A token-mean loss over padded sequences is a sum over the non-padding targets divided by
 their number. Averaging each micro-batch's mean would weigh a short micro-batch like a
-long one: another model than one process trains. Given (sum, count), the step's gradient
-is d(total sum)/d(weights) / total count, over every micro-batch and replica, and the
-loss reported is total sum / total count: one process's token mean, exactly. Each
-micro-batch's backward starts from d sum / d logits x 1/(M x D) like a scalar loss's (the
-count has no gradient); once the counts are summed (one small all-reduce per step), the
-gradients are scaled by M x D / total count. A scalar loss keeps its meaning: the mean of
-the micro-batch means, which is the batch mean when micro-batches are the same size.
+long one: another model than one process trains. Given (sum, count), every micro-batch's
+backward starts from d sum / d logits x 1/(total count), the count of the whole global
+batch, so the gradients summed over micro-batches and replicas are one process's
+d(sum / count), and in fp16 they are scaled by S exactly as one process's (sum / count) x S
+would be: the same overflows, the same skipped steps. The loss reported is total sum /
+total count.
+
+So the count must be known before the step's first backward: pipe computes it from the
+labels alone, on every rank, as `loss_fn(zeros, labels)[1]` over the whole global batch
+(`TokenCount`: compiled, the compiler drops the sum it does not return). `loss_fn`'s count
+must therefore depend on the labels only, as a count of non-padding targets does; a count
+that changes with the logits is refused before the first step (`check_count`).
+A scalar loss keeps its meaning: the mean of the micro-batch means, each weighed 1/(M x D),
+which is the batch mean when micro-batches are the same size.
 """
 import mindspore as ms
-from mindspore import ops
+import numpy as np
+from mindspore import nn, ops
 
-__all__ = ["CountedLoss", "to_token_mean", "refuse_in_graph"]
-
-
-class CountedLoss:
-    """Chunk feature: on the model's last chunk, a (sum, count) loss hands on its sum and
-    keeps its count in `counts` (this step's, in micro-batch order)."""
-
-    def zero_grads(self):
-        super().zero_grads()
-        self.counts = []
-
-    def forward(self, mb, x, labels=None):
-        out = super().forward(mb, x, labels)
-        if not (self.is_last and isinstance(out, tuple)):
-            return out
-        self.counts.append(out[1])
-        return out[0]
+__all__ = ["LossTerm", "TokenCount", "is_counted", "check_count", "loss_sum"]
 
 
-def refuse_in_graph(config, counted):
-    """The step as one graph sums its loss inside; a (sum, count) pair is not read there."""
-    if counted and config.one_graph:
-        raise ValueError("loss_fn returns (sum, count), which one_graph does not normalize: "
-                         "turn one_graph off, or return the loss as one mean")
+class LossTerm(nn.Cell):
+    """(logits, labels) -> what a micro-batch's backward differentiates: `loss_fn`'s scalar,
+    or the sum of its (sum, count)."""
+
+    def __init__(self, loss_fn):
+        super().__init__(auto_prefix=False)
+        self.loss_fn = loss_fn
+
+    def construct(self, logits, labels):
+        loss = self.loss_fn(logits, labels)
+        return loss[0] if isinstance(loss, tuple) else loss
 
 
-def to_token_mean(wire, chunks, micro_batches):
-    """Scale the chunks' summed gradients (each micro-batch's started x 1/`micro_batches`,
-    M x D) to d(total sum) / total count; returns the total count."""
-    total = _total_count(wire, chunks)
-    for chunk in chunks:
-        chunk.grads = tuple(g * (micro_batches / total) for g in chunk.grads)
-    return total
+class TokenCount(nn.Cell):
+    """(labels, zero) -> `loss_fn`'s count for those labels, given logits that are all
+    `zero` (an input: a constant of the logits' shape would be folded at compile time)."""
+
+    def __init__(self, loss_fn, logits_spec):
+        super().__init__(auto_prefix=False)
+        self.loss_fn = loss_fn
+        self.per_row = tuple(logits_spec[0][1:])     # the logits' shape after the rows
+
+        self.zero = ms.Tensor(0.0, logits_spec[1])
+
+    @ms.jit
+    def construct(self, labels, zero):
+        logits = ops.broadcast_to(zero, (labels.shape[0],) + self.per_row)
+        return self.loss_fn(logits, labels)[1].astype(ms.float32)
+
+    def count(self, labels):
+        """The count, on the host."""
+        return float(self(labels, self.zero).asnumpy())
 
 
-def _total_count(wire, chunks):
-    """The step's count over every rank (the last stages hold them), on every rank."""
-    counts = [c.astype(ms.float32) for chunk in chunks for c in chunk.counts]
-    mine = ops.stack(counts).sum().reshape(1) if counts else ops.zeros(1, ms.float32)
-    return float(wire.all_reduce(mine, tuple(range(wire.size))).asnumpy()[0])
+def loss_sum(losses):
+    """A rank's micro-batch losses summed, shape (1,) (zero off the last stage): what the
+    step's loss all-reduces, in the loop and in the step's graph."""
+    return (ops.stack(losses).sum() if losses else ops.zeros((), ms.float32)).reshape(1)
+
+
+def is_counted(loss_fn, logits_spec, labels):
+    """Whether `loss_fn` returns (sum, count), asked on zero logits of `logits_spec`."""
+    return isinstance(loss_fn(ops.zeros(*logits_spec), labels), tuple)
+
+
+def check_count(loss_fn, logits_spec, labels):
+    """Refuse a count that changes with the logits: pipe counts before the backward."""
+    shape, dtype = logits_spec
+    other = ms.Tensor(np.random.default_rng(0).standard_normal(shape), dtype)
+    counts = [float(loss_fn(logits, labels)[1].asnumpy()) for logits in (ops.zeros(shape, dtype), other)]
+    if counts[0] != counts[1]:
+        raise ValueError(f"loss_fn returns (sum, count), and its count changes with the logits "
+                         f"({counts[0]:g} for zero logits, {counts[1]:g} for others): pipe needs the "
+                         "step's total count before its first backward, so it counts on the labels "
+                         "alone; make the count depend on the labels only (as a count of "
+                         "non-padding targets does)")

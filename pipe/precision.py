@@ -128,27 +128,16 @@ class LossScaler:
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth
         self.unscale_cell = Unscale()
-        self.applied = None              # (S, micro-batches) last given to the chunks
 
-    def scale_loss(self, chunks, micro_batches):
-        """Each backward starts at d loss / d logits x S / `micro_batches` (M x D)."""
-        if self.applied != (self.value, micro_batches):
-            for chunk in chunks:
-                chunk.grad_scale = ms.Tensor(self.value / micro_batches, ms.float32)
-            self.applied = (self.value, micro_batches)
-
-    def unscale(self, wire, chunks):
-        """Divide the chunks' gradients by S; one all-reduce of the overflow flag over every
-        rank; update S. Returns whether the optimizer may step (no rank overflowed)."""
-        grads = tuple(g for chunk in chunks for g in chunk.grads)
+    def unscale(self, wire, grads):
+        """(`grads` / S, whether the optimizer may step: no rank overflowed), with one
+        all-reduce of the overflow flag over every rank; S is updated."""
         flag = ops.zeros(1, ms.float32)
         if grads:
             grads, flag = self.unscale_cell(ms.mutable(grads), ms.Tensor(1.0 / self.value, ms.float32))
         overflow = bool(wire.all_reduce(flag, tuple(range(wire.size))).asnumpy()[0])
-        for chunk in chunks:
-            chunk.grads, grads = grads[:len(chunk.grads)], grads[len(chunk.grads):]
         self.update(overflow)
-        return not overflow
+        return grads, not overflow
 
     def update(self, overflow):
         """Halve S on an overflow (not below 1); double it after `window` clean steps."""

@@ -9,9 +9,9 @@ of all micro-batches at once: one product per layer.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import accumulate, arguments, gradient_positions, variable
+from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, variable
 
-__all__ = ["SplitBackward", "split_cells"]
+__all__ = ["SplitBackward", "split_cells", "rows_of"]
 
 
 class LayerInputGrad(nn.Cell):
@@ -19,7 +19,7 @@ class LayerInputGrad(nn.Cell):
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
-        self.layer = layer
+        self.layer = Differentiable(layer)
         self.keep = bool(layer.trainable_params())
         self.input_grad = input_grad
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
@@ -56,7 +56,7 @@ class WeightGrad(nn.Cell):
         super().__init__(auto_prefix=False)
         weighted = [i for i, layer in enumerate(layers) if layer.trainable_params()]
         self.inputs = tuple(residual_of[i] for i in weighted)   # the residuals W reads
-        self.layers = nn.CellList([layers[i] for i in weighted])
+        self.layers = nn.CellList([Differentiable(layers[i]) for i in weighted])
         self.weights = [ms.ParameterTuple(layers[i].trainable_params()) for i in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.positions = gradient_positions(layers)
@@ -91,11 +91,36 @@ class SplitBackward:
     def backward_weight(self, mbs):
         """W for the micro-batches `mbs`, added to `grads`: with several (a W deferred to
         the flush), one product per layer over all their rows."""
-        waiting = [self.waiting.pop(mb) for mb in mbs]
-        rows = waiting[0] if len(waiting) == 1 else tuple(map(_rows, zip(*waiting)))
+        rows = rows_of(tuple(self.waiting.pop(mb) for mb in mbs))
         self.grads = self.weight_grad_cell(self.accumulators(), *map(variable, rows))
 
 
-def _rows(parts):
-    """Micro-batches' tensors (or tuples of them) as one, their rows concatenated."""
-    return tuple(map(_rows, zip(*parts))) if isinstance(parts[0], tuple) else ops.cat(parts)
+def rows_of(entries):
+    """What W reads, from the `waiting` entries of one or more micro-batches: with several,
+    each tensor (or each element of a tuple) holds the rows of all, in their order. Both
+    the loop and the step's graph (pipe.step_graph) call it: graph-compilable Python."""
+    if len(entries) == 1:
+        return entries[0]
+    rows = ()
+    for i in range(len(entries[0])):
+        rows = rows + (_cat_rows(entries, i),)
+    return rows
+
+
+def _cat_rows(entries, i):
+    """Tensor i of every entry, rows concatenated; a tuple (a layer's arguments) element-wise."""
+    column = _column(entries, i)
+    if not isinstance(column[0], tuple):
+        return ops.cat(column)
+    joined = ()
+    for j in range(len(column[0])):
+        joined = joined + (ops.cat(_column(column, j)),)
+    return joined
+
+
+def _column(entries, i):
+    """Element i of each entry."""
+    parts = ()
+    for entry in entries:
+        parts = parts + (entry[i],)
+    return parts

@@ -20,13 +20,14 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.engine import as_tensor, loss_share
+from pipe.core.engine import as_tensor
+from pipe.normalized_loss import loss_sum
 from pipe.core.schedule import message_key, message_tag
-from pipe.core.wire import MindSporeWire
+from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
+from pipe.split_backward import rows_of
 
-__all__ = ["StepGraph", "check_supported", "refuse_tuples", "updates_in_graph", "encode",
-           "replica_rows"]
+__all__ = ["StepGraph", "check_supported", "updates_in_graph", "encode", "replica_rows"]
 
 F, B, I, W, SEND, RECV = range(6)
 CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
@@ -41,13 +42,6 @@ def check_supported(config, buffers):
     if buffers:
         raise ValueError("one_graph cannot run layers with buffers (batch norm): their statistics "
                          "are restored on the host after each backward; turn one_graph off")
-
-
-def refuse_tuples(config, tuples):
-    """The graph's messages carry one tensor each; `tuples`: a layer hands on a tuple."""
-    if tuples and config.one_graph:
-        raise ValueError("one_graph sends one tensor between stages, and a layer at a stage "
-                         "boundary returns a tuple: turn one_graph off (the loop carries tuples)")
 
 
 def encode(schedule, stage):
@@ -79,12 +73,12 @@ def encode(schedule, stage):
     return tuple(program)
 
 
-def graph_op(p2p, action):
-    """The operator that carries a send or receive `action` inside a compiled graph: on GPU
-    and Ascend MindSpore's own (a Receive's optional input, a token, orders it); on CPU, which
-    has no Send kernel, mpi4py called from a pyfunc operator, returning a token."""
+def wire_op(p2p, action, shape, dtype):
+    """The operator that carries one tensor of a send or receive `action` inside a compiled
+    graph: on GPU and Ascend MindSpore's own (a Receive's optional input, a token, orders
+    it); on CPU, which has no Send kernel, mpi4py called from a pyfunc operator, returning
+    a token."""
     wire, peer = p2p.wire, p2p.ranks[action.peer]
-    shape, dtype = p2p.shapes[action.boundary]
     if isinstance(wire, MindSporeWire):
         if action.kind[0] == "s":
             return ops.Send(action.tag, peer, group=wire.world)
@@ -102,6 +96,43 @@ def graph_op(p2p, action):
                       func_type="pyfunc")
 
 
+class Message(nn.Cell):
+    """A send or receive inside the graph, as PointToPoint does it in the loop: a tuple as a
+    message per element that `travels`, each as its `carrier`; zeros for a gradient that
+    does not. Each operator waits for the token of the one before."""
+
+    def __init__(self, p2p, action):
+        super().__init__(auto_prefix=False)
+        spec = p2p.shapes[action.boundary]
+        self.specs, self.is_tuple = tuple(elements(spec)), isinstance(spec, Parts)
+        self.travels = tuple(travels(action.kind, dtype) for _, dtype in self.specs)
+        self.carriers = tuple(carrier(dtype) for _, dtype in self.specs)
+        self.wire_ops = tuple(wire_op(p2p, action, shape, carrier(dtype)) if go else None
+                              for (shape, dtype), go in zip(self.specs, self.travels))
+
+    def send(self, value, token):
+        """Sends `value` once `token` is set; returns a token set once it is sent."""
+        parts = value if self.is_tuple else (value,)
+        for i in range(len(parts)):
+            if self.travels[i]:
+                part = parts[i] if parts[i].dtype == self.carriers[i] else parts[i].astype(self.carriers[i])
+                token = ops.depend(token, self.wire_ops[i](ops.depend(part, token)))
+        return token
+
+    def recv(self, token):
+        """The value received once `token` is set."""
+        got = ()
+        for i in range(len(self.specs)):
+            shape, dtype = self.specs[i]
+            if self.travels[i]:
+                part = self.wire_ops[i](token)
+                token = ops.depend(token, part)
+                got = got + ((part if dtype == self.carriers[i] else part.astype(dtype)),)
+            else:
+                got = got + (ops.zeros(shape, dtype),)
+        return got if self.is_tuple else got[0]
+
+
 def replica_rows(batch):
     """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
     micro-batch on the host)."""
@@ -117,21 +148,6 @@ def _pick(tensors, positions):
     return picked
 
 
-def _rows(waiting):
-    """W's tensors from the `waiting` entries of one or more micro-batches: with several (a W
-    deferred to the flush) each tensor holds the rows of all of them, in micro-batch order,
-    as in Chunk.backward_weight."""
-    if len(waiting) == 1:
-        return waiting[0]
-    rows = ()
-    for i in range(len(waiting[0])):
-        parts = ()
-        for entry in waiting:
-            parts = parts + (entry[i],)
-        rows = rows + (ops.cat(parts),)
-    return rows
-
-
 def updates_in_graph(layout):
     """Whether the optimizer can step inside the graph: its gradients are final there, with
     no all-reduce (over replicas, tied copies, the global norm or fp16's overflow flag) or
@@ -143,11 +159,16 @@ def updates_in_graph(layout):
 
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    micro-batch first, the loss gradient's scale) -> (this rank's share of the step's loss
-    (pipe.core.engine.loss_share), the summed weight gradients of each of its chunks, a token set
+    micro-batch first, the loss gradient's scale) -> (this rank's micro-batch losses summed
+    (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its chunks, a token set
     once its work and messages are done). Given `update` (the optimizer over the chunks'
     parameters, in order), it steps too, and hands back no gradients (the small MLP's 18
-    cost 75-110 us of host per call on one H200)."""
+    cost 75-110 us of host per call on one H200).
+
+    The engine compiles it (`Cell.compile`) before the step's first message, on every rank
+    at once (pipe.handshake.agreed): a graph that fails to compile on one rank is refused
+    on all before any waits; each step then runs it with `compile_and_run`, which finds it
+    compiled."""
 
     def __init__(self, layout, p2p, update=None):
         """`layout` passed `check_supported` (pipe.layout checks it before any message)."""
@@ -164,14 +185,13 @@ class StepGraph(nn.Cell):
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         actions = layout.schedule.actions[layout.stage]
-        self.messages = tuple(graph_op(p2p, a) for a in actions if not a.is_compute)
+        self.messages = nn.CellList([Message(p2p, a) for a in actions if not a.is_compute])
         self.program = encode(layout.schedule, layout.stage)
         self.token = ms.Tensor(0.0, ms.float32)
         self.update = update
         self.micro_batches = layout.config.micro_batches
 
-    @ms.jit
-    def construct(self, rows, labels_of_rows, masks, scale):
+    def construct(self, rows, labels_of_rows, masks, scale):   # compiled whole (`compile`)
         size = rows.shape[0] // self.micro_batches
         inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
         flight, residuals, starts, waiting, grads = {}, {}, {}, {}, {}
@@ -184,9 +204,9 @@ class StepGraph(nn.Cell):
         for code, mb, c, takes, puts, index in self.program:
             unit = mb * self.count + c          # this micro-batch on chunk c
             if code == SEND:
-                sent = ops.depend(sent, self.messages[index](ops.depend(flight[takes], sent)))
+                sent = self.messages[index].send(flight[takes], sent)
             elif code == RECV:
-                flight[takes] = self.messages[index](sent)
+                flight[takes] = self.messages[index].recv(sent)
                 sent = ops.depend(sent, flight[takes])
             elif code == F:
                 x = ops.depend(inputs[mb] if takes < 0 else flight[takes], done)
@@ -215,7 +235,7 @@ class StepGraph(nn.Cell):
                 entries = ()
                 for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
                     entries = entries + (waiting[m * self.count + c],)
-                tensors = _rows(entries)
+                tensors = rows_of(entries)
                 tensors = (ops.depend(tensors[0], done),) + tensors[1:]
                 grads[c] = self.weight_grads[c](() if index else grads[c], *tensors)
                 done = ops.depend(done, grads[c])
@@ -224,4 +244,4 @@ class StepGraph(nn.Cell):
             summed, flat = summed + (grads[c],), flat + grads[c]
         if self.update is not None:   # stepped here: no gradient need leave the graph
             done, summed = ops.depend(done, self.update(flat)), ()
-        return loss_share(losses, self.micro_batches), summed, ops.depend(sent, done)
+        return loss_sum(losses), summed, ops.depend(sent, done)

@@ -43,11 +43,9 @@ def test_w_is_deferred_unless_memory_is_short_or_a_layer_has_buffers(config, buf
      (True, "one graph per step (on CPU it measured 2x faster than the loop)")),
     (dict(recompute=True), dict(), (False, LOOP.format("recompute"))),
     (dict(), dict(buffers=True), (False, LOOP.format("batch norm"))),
-    (dict(), dict(tuples=True), (False, LOOP.format("a tuple at a stage boundary"))),
-    (dict(), dict(counted=True), (False, LOOP.format("a (sum, count) loss"))),
 ])
 def test_one_graph_unless_the_host_is_needed_or_fp32_actions_are_long_between_gpus(config, facts, choice):
-    facts = {"buffers": False, "tuples": False, "counted": False, "flops": 1e6, **facts}
+    facts = {"buffers": False, "flops": 1e6, **facts}
     assert choose_graph(PipelineConfig(**config), **facts) == choice
 
 

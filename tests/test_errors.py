@@ -85,8 +85,7 @@ BUILT_ELSEWHERE = (
     "before the builders ran: a builder makes its layer's weights when called, so build the "
     "layer inside it. A weight shared by two layers (a tied embedding and output head) is given "
     "as pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
-ONE_TENSOR = ("ValueError: one_graph sends one tensor between stages, and a layer at a stage "
-              "boundary returns a tuple: turn one_graph off (the loop carries tuples)")
+NO_BACKWARD = "ValueError: 'this layer has no backward'"
 
 
 def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
@@ -100,7 +99,8 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
               f"{os.path.join(tempfile.gettempdir(), 'pipe-compile-rank1')}/rank_0/om/analyze_fail.ir)")
     assert done.outs[0].splitlines() == [
         "tuple: rank 0: " + pointer.format(1),
-        "tuple-one-graph: rank 0: " + ONE_TENSOR,
+        "no-backward-one-graph: rank 0: PeerFailed: rank 1 failed compiling the step as one graph: "
+        "rank 1's error says why",
         "random: rank 0: RuntimeError: " + CHECK + "stage 0 (layers 0 to 1) failed on the input "
         "batch, of shape (2, 8) Float32: layer 1 (HiddenDropout) draws random numbers inside: two "
         "runs of its forward on the same input differ, and pipe's backward runs it again, drawing "
@@ -114,7 +114,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "output (the boundary between layers 1 and 2), of shape (2, 8) Float32: layer 3 (Dense), "
         "given a tuple of 2 (shape (2, 8) Float32, shape (2, 8) Float32), raised TypeError: "
         "Dense.construct() takes 2 positional arguments but 3 were given " + report,
-        "tuple-one-graph: rank 1: " + ONE_TENSOR,
+        "no-backward-one-graph: rank 1: " + NO_BACKWARD,
         "random: rank 1: " + pointer.format(0),
         "targets: rank 1: RuntimeError: " + CHECK + "stage 1 (layer 1) failed on stage 0's output "
         "(the boundary between layers 0 and 1), of shape (2, 8) Float32: loss_fn, given logits of "

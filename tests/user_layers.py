@@ -19,17 +19,6 @@ class Attending(nn.Cell):
         return self.dense(x), x
 
 
-class Joining(nn.Cell):
-    """Takes the (x, attention) tuple that Attending returns, as two arguments."""
-
-    def __init__(self, width):
-        super().__init__()
-        self.dense = nn.Dense(width, width)
-
-    def construct(self, x, attention):
-        return self.dense(x) + attention
-
-
 class HiddenDropout(nn.Cell):
     """Randomness in a layer's own construct: no nn.Dropout cell, nothing in its name."""
 

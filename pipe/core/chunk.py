@@ -10,8 +10,10 @@ from mindspore import nn, ops
 
 from pipe.core.wire import spec_of
 
+FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
+
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
-           "KeepInput", "LayerGrad", "arguments", "variable"]
+           "KeepInput", "LayerGrad", "Differentiable", "arguments", "variable", "FLOATS"]
 
 
 def is_plain_sequence(cell):
@@ -30,6 +32,27 @@ def leaves(cells):
 def arguments(x):
     """A layer's arguments: a tuple's elements (DeepSpeed's convention), or the one tensor."""
     return x if isinstance(x, tuple) else (x,)
+
+
+def no_gradient_unless_float(values):
+    """An int or bool value (a mask, ids) carries no gradient: autograd then adds none up
+    (it has no Add for bool)."""
+    out = ()
+    for v in values:
+        out = out + ((v if v.dtype in FLOATS else ops.stop_gradient(v)),)
+    return out
+
+
+class Differentiable(nn.Cell):
+    """A layer as its backward differentiates it: only its float arguments and outputs."""
+
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, *args):
+        y = self.layer(*no_gradient_unless_float(args))
+        return no_gradient_unless_float(y) if isinstance(y, tuple) else y
 
 
 def variable(x):
@@ -77,7 +100,7 @@ class LayerGrad(nn.Cell):
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
-        self.layer = layer
+        self.layer = Differentiable(layer)
         self.weights = ms.ParameterTuple(layer.trainable_params())
         self.input_grad = input_grad
         self.grad = ops.GradOperation(get_all=input_grad or not self.weights,

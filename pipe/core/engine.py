@@ -79,10 +79,11 @@ def sum_over(wire, grads, ranks):
     return tuple(p.reshape(g.shape) for g, p in zip(grads, ops.split(flat, [g.size for g in grads])))
 
 
-def clip_by_global_norm(wire, grads, counted, clip, world, replicas):
+def clip_by_global_norm(wire, grads, norm_once, clip, world, replicas):
     """Every gradient x clip / max(norm, clip), `norm` the whole model's: each rank adds the
-    squares it `counted` (a weight on several: once), summed over the world / D replicas."""
-    mine = [(g * g).sum() for g, count in zip(grads, counted) if count]
+    squares of its gradients marked in `norm_once` (a weight on several ranks: on one),
+    summed over the world / D replicas."""
+    mine = [(g * g).sum() for g, once in zip(grads, norm_once) if once]
     squares = ops.stack(mine).sum().reshape(1) if mine else ops.zeros(1, ms.float32)
     norm = math.sqrt(float(wire.all_reduce(squares, world).asnumpy()[0]) / replicas)
     return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
@@ -105,7 +106,7 @@ class Engine:
         self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
         self.schedule, self.chunks = self.build(model, loss_fn)
         params = list({id(p): p for chunk in self.chunks for p in chunk.params}.values())
-        self.counted = [True] * len(params)   # adds its square to the global norm (once per weight)
+        self.norm_once = [True] * len(params)  # adds its square to the global norm (once per weight)
         self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
         self.p2p = None                  # this rank's messages, once the stages agree on shapes
@@ -149,7 +150,7 @@ class Engine:
         """Sum each gradient over the replicas of this stage, clip, step the optimizer."""
         grads = self.reduce(tuple(g for chunk in self.chunks for g in chunk.grads))
         if self.config.clip_grad_norm:
-            grads = clip_by_global_norm(self.wire, grads, self.counted, self.config.clip_grad_norm,
+            grads = clip_by_global_norm(self.wire, grads, self.norm_once, self.config.clip_grad_norm,
                                         tuple(range(self.wire.size)), self.config.data_parallel)
         self.update(ms.mutable(grads))
 

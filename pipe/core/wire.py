@@ -7,14 +7,31 @@ import os
 import mindspore as ms
 import numpy as np
 
-__all__ = ["WIRE_DTYPES", "connect", "MpiWire", "MindSporeWire", "SoloWire", "PointToPoint",
-           "Parts", "spec_of", "example", "write_header", "read_header"]
+__all__ = ["WIRE_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire", "MindSporeWire",
+           "SoloWire", "PointToPoint", "Parts", "spec_of", "example", "write_header", "read_header",
+           "elements", "travels", "carrier", "recast"]
 
-# Every dtype a pipeline may send, and its numpy type for the CPU wire (None: numpy has none).
+# The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
                ms.float64: np.float64, ms.int32: np.int32, ms.int64: np.int64}
-DTYPES = list(WIRE_DTYPES)      # a dtype travels in a header as its index here
+# Narrow ints and bool travel as int32 (exact; a kernel every wire has), narrowed back on arrival.
+CARRIED_AS = {ms.bool_: ms.int32, ms.uint8: ms.int32, ms.int8: ms.int32, ms.int16: ms.int32}
+# Every dtype a layer may hand on; a spec's dtype travels in a header as its index here.
+DTYPES = [*WIRE_DTYPES, *CARRIED_AS, ms.uint16, ms.uint32, ms.uint64, ms.complex64, ms.complex128]
 HEADER = 64                     # int32s in a spec's header (write_header)
+
+
+def carrier(dtype):
+    return CARRIED_AS.get(dtype, dtype)
+
+
+def recast(tensor, dtype):
+    return tensor if tensor.dtype == dtype else tensor.astype(dtype)
+
+
+def travels(kind, dtype):
+    """Forward every tensor goes; back only a float's gradient (an int has none: zeros arrive)."""
+    return kind in ("sF", "rF") or dtype.is_floating_point
 
 
 class SoloWire:
@@ -157,7 +174,8 @@ def read_header(header):
 
 class PointToPoint:
     """One rank's messages (peer, tag, boundary b; `shapes[b]`: the spec crossing b). A tuple
-    goes as a message per element; a non-float one (a mask) has no gradient: zeros arrive."""
+    goes as a message per element, each as its `carrier`; a non-float one (a mask) has no
+    gradient: zeros arrive."""
 
     def __init__(self, wire, pipeline_ranks, shapes):
         self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
@@ -165,11 +183,12 @@ class PointToPoint:
     def send(self, value, action):
         spec = self.shapes[action.boundary]
         for tensor, (_, dtype) in zip(value if isinstance(spec, Parts) else [value], elements(spec)):
-            if action.kind == "sF" or dtype.is_floating_point:
-                self.wire.send(tensor, self.ranks[action.peer], action.tag)
+            if travels(action.kind, dtype):
+                self.wire.send(recast(tensor, carrier(dtype)), self.ranks[action.peer], action.tag)
 
     def recv(self, action):
         spec = self.shapes[action.boundary]
-        got = tuple(self.wire.recv(*part, self.ranks[action.peer], action.tag) if action.kind == "rF"
-                    or part[1].is_floating_point else ms.ops.zeros(*part) for part in elements(spec))
+        got = tuple(recast(self.wire.recv(shape, carrier(dtype), self.ranks[action.peer], action.tag), dtype)
+                    if travels(action.kind, dtype) else ms.ops.zeros(shape, dtype)
+                    for shape, dtype in elements(spec))
         return got if isinstance(spec, Parts) else got[0]
