@@ -4,11 +4,13 @@ import argparse
 import os
 import sys
 
-from pipe.config import as_flags
+from dataclasses import fields
+
+from pipe.config import PipelineConfig, as_flags
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
-           "add_speed_flags", "run"]
+           "add_speed_flags", "config_from", "run"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,6 +62,15 @@ def add_speed_flags(parser):
                              "pipe chooses)")
     parser.add_argument("--one-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="each step as one compiled graph (default: pipe chooses)")
+
+
+def config_from(args, **settings):
+    """The PipelineConfig of a program's parsed `args`: every flag named after a config
+    field sets that field (so no flag a program accepts can miss its config), and
+    `settings` the fields a program decides itself (the device it found for `auto`)."""
+    names = {f.name for f in fields(PipelineConfig)}
+    given = {name: value for name, value in vars(args).items() if name in names}
+    return PipelineConfig(**{**given, **settings})
 
 
 def run(main):

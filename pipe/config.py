@@ -35,6 +35,7 @@ class PipelineConfig(Config):
     precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.precision)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
     loss_scale_window: int = 2000        # fp16: clean steps before S doubles
+    clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
 
     def __post_init__(self):
         if self.chunks is None:
@@ -56,6 +57,9 @@ class PipelineConfig(Config):
             raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
         if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:
             raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive integer")
+        if not 0 <= self.clip_grad_norm < float("inf"):
+            raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
+                             "positive finite number")
         if not isinstance(self.recompute, bool):
             raise ValueError(f"recompute={self.recompute!r} must be True or False")
         for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.defaults)

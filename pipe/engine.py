@@ -19,7 +19,8 @@ import mindspore as ms
 
 from pipe import checkpoint, predict
 from pipe.batchnorm import average_buffers
-from pipe.core.engine import Engine, as_tensor, clip_by_global_norm, split
+from pipe.clip import clip_by_global_norm
+from pipe.core.engine import Engine, as_tensor, split
 from pipe.deadlines import connect
 from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
 from pipe.dropout import draws

@@ -3,7 +3,7 @@ test_models.py, test_transparency.py."""
 import mindspore as ms
 import numpy as np
 
-from pipe.core.engine import clip_by_global_norm
+from pipe.clip import clip_by_global_norm
 from pipe.core.wire import SoloWire
 
 

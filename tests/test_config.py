@@ -1,4 +1,6 @@
 """PipelineConfig: the one place that resolves defaults and checks values up front."""
+import dataclasses
+
 import pytest
 
 from pipe.config import PipelineConfig, as_flags
@@ -46,3 +48,30 @@ def test_precision_is_checked_up_front(config, message):
     with pytest.raises(ValueError) as err:
         PipelineConfig(**config).check()
     assert str(err.value) == message
+
+
+# A value other than the default for every config field an example may take as a flag.
+FLAG_VALUES = {"stages": "2", "data_parallel": "2", "micro_batches": "2", "batch_size": "8",
+               "schedule": "zb-v", "chunks": "2", "partition": "parameters", "recompute": None,
+               "defer_wgrad": None, "one_graph": None, "timeout": "9", "seed": "5",
+               "precision": "fp16", "clip_grad_norm": "0.5", "device": "GPU"}
+
+
+@pytest.mark.parametrize("example", [("mnist_train", "mnist"), ("gpt_train", "gpt")])
+def test_every_flag_an_example_accepts_reaches_its_config(example):
+    """Each flag named after a config field, set to another value than its default, is in
+    the config the example trains with (`pipe.cli.config_from`, which its `train` calls)."""
+    import inspect
+    from launch import load_example
+    from pipe.cli import config_from
+    module = load_example(example[0], example[1], "train.py")
+    assert "config_from(args, device=device)" in inspect.getsource(module.train)
+    fields = {f.name for f in dataclasses.fields(PipelineConfig)}
+    flags = {a.dest: a.option_strings[0] for a in module.parser()._actions if a.dest in fields}
+    assert "one_graph" in flags and "defer_wgrad" in flags and set(flags) <= set(FLAG_VALUES)
+    argv = [word for dest, flag in flags.items()
+            for word in ([flag] if FLAG_VALUES[dest] is None else [flag, FLAG_VALUES[dest]])]
+    args = module.parse_args(argv)
+    config = config_from(args, device=args.device)     # (as train resolves "auto")
+    for dest in flags:
+        assert getattr(config, dest) == getattr(args, dest) != getattr(PipelineConfig(), dest), dest

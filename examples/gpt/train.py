@@ -23,12 +23,11 @@ from mindspore import nn  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
 from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      positive_int, run)
-from pipe.config import PipelineConfig  # noqa: E402
+                      config_from, positive_int, run)
 from pipe.engine import PipelineEngine  # noqa: E402
 
 
-def parse_args(argv=None):
+def parser():
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=32)
     add_precision_flag(p)
@@ -42,7 +41,11 @@ def parse_args(argv=None):
     p.add_argument("--save", metavar="DIR", help="checkpoint here at the end")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--log-every", type=positive_int, default=25)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return parser().parse_args(argv)
 
 
 def generate(engine, prompts, length, rng):
@@ -65,10 +68,7 @@ def train(args, wire=None):
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(device)
-    config = PipelineConfig(stages=args.stages, data_parallel=args.data_parallel,
-                            micro_batches=args.micro_batches, batch_size=args.batch_size,
-                            schedule=args.schedule, defer_wgrad=args.defer_wgrad,
-                            device=device, seed=args.seed, precision=args.precision)
+    config = config_from(args, device=device)     # every flag named after a config field
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)
     say = print if engine.wire.rank == 0 else (lambda *a, **k: None)

@@ -25,8 +25,8 @@ import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      positive_int)
-from pipe.config import PipelineConfig, as_flags  # noqa: E402
+                      config_from, positive_int)
+from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def _probability(text):
     return value
 
 
-def parse_args(argv=None):
+def parser():
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=64)
     add_precision_flag(p)
@@ -79,6 +79,11 @@ def parse_args(argv=None):
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
     add_speed_flags(p)
+    return p
+
+
+def parse_args(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     if args.steps < 0 or args.save_every < 0:
         p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
@@ -117,13 +122,7 @@ def train(args, wire=None):
         make_optimizer = lambda params: nn.SGD(params, learning_rate=args.lr)
     else:
         make_optimizer = lambda params: nn.Adam(params, learning_rate=args.lr)
-    config = PipelineConfig(stages=args.stages, data_parallel=args.data_parallel,
-                            micro_batches=args.micro_batches, batch_size=args.batch_size,
-                            schedule=args.schedule, device=device, timeout=args.timeout,
-                            recompute=args.recompute, partition=args.partition,
-                            clip_grad_norm=args.clip_grad_norm, seed=args.seed,
-                            chunks=args.chunks, defer_wgrad=args.defer_wgrad,
-                            one_graph=args.one_graph, precision=args.precision)
+    config = config_from(args, device=device)     # every flag named after a config field
     sample = np.zeros((args.batch_size // (args.data_parallel * args.micro_batches), 784), np.float32)
     engine = PipelineEngine(model, loss_fn, make_optimizer, config, wire, sample=sample)
     rank0 = engine.wire.rank == 0

@@ -35,8 +35,7 @@ def arguments(x):
 
 
 def no_gradient_unless_float(values):
-    """An int or bool value (a mask, ids) carries no gradient: autograd then adds none up
-    (it has no Add for bool)."""
+    """An int or bool value (a mask, ids) has no gradient (nor Add, for bool) to add up."""
     out = ()
     for v in values:
         out = out + ((v if v.dtype in FLOATS else ops.stop_gradient(v)),)

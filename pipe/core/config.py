@@ -12,7 +12,6 @@ class Config:
     batch_size: int = 1                  # B: global mini-batch per step
     schedule: str = "1f1b"               # "gpipe" or "1f1b" (pipe.schedules names more)
     device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
-    clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
@@ -20,9 +19,6 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        if not 0 <= self.clip_grad_norm < float("inf"):
-            raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
-                             "positive finite number")
         per_step = self.data_parallel * self.micro_batches
         if self.batch_size % per_step:
             raise ValueError(f"batch_size={self.batch_size} cannot be split over data_parallel="

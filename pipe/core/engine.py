@@ -6,7 +6,6 @@
 A step: cut the batch; run this stage's actions in the schedule's order, the chunks summing
 weight gradients over micro-batches; sum them over the replicas; step.
 """
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,8 +19,7 @@ from pipe.core.place import Topology
 from pipe.core.schedule import HANDS_ON, gpipe, lower, message_key, one_f_one_b
 from pipe.core.wire import HEADER, PointToPoint, connect, example, read_header, spec_of, write_header
 
-__all__ = ["Engine", "MicroBatches", "split", "as_tensor", "sum_over", "clip_by_global_norm",
-           "loss_share"]
+__all__ = ["Engine", "MicroBatches", "split", "as_tensor", "sum_over", "loss_share"]
 
 
 @dataclass
@@ -79,16 +77,6 @@ def sum_over(wire, grads, ranks):
     return tuple(p.reshape(g.shape) for g, p in zip(grads, ops.split(flat, [g.size for g in grads])))
 
 
-def clip_by_global_norm(wire, grads, norm_once, clip, world, replicas):
-    """Every gradient x clip / max(norm, clip), `norm` the whole model's: each rank adds the
-    squares of its gradients marked in `norm_once` (a weight on several ranks: on one),
-    summed over the world / D replicas."""
-    mine = [(g * g).sum() for g, once in zip(grads, norm_once) if once]
-    squares = ops.stack(mine).sum().reshape(1) if mine else ops.zeros(1, ms.float32)
-    norm = math.sqrt(float(wire.all_reduce(squares, world).asnumpy()[0]) / replicas)
-    return grads if norm <= clip else tuple(g * (clip / norm) for g in grads)
-
-
 def loss_share(losses, micro_batches):
     """A rank's share of the step's mean loss: its micro-batches' losses / M (0 off the last stage)."""
     return (ops.stack(losses or [ops.zeros((), ms.float32)]).sum() / micro_batches).reshape(1)
@@ -106,7 +94,6 @@ class Engine:
         self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
         self.schedule, self.chunks = self.build(model, loss_fn)
         params = list({id(p): p for chunk in self.chunks for p in chunk.params}.values())
-        self.norm_once = [True] * len(params)  # adds its square to the global norm (once per weight)
         self.optimizer = make_optimizer(params)
         self.update = CompiledUpdate(self.optimizer)
         self.p2p = None                  # this rank's messages, once the stages agree on shapes
@@ -127,38 +114,18 @@ class Engine:
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
         """One optimizer step on the global mini-batch; returns its mean loss on every rank."""
-        batch = self.micro_batches(inputs, labels)
+        batch = split(self.config, inputs, labels, self.replica)   # this replica's micro-batches
         self.step += 1
-        if self.p2p is None:
+        if self.p2p is None:             # the first step: the stages agree on what they send
             self.p2p = self.connect_stages(batch)
         for chunk in self.chunks:
             chunk.zero_grads()
         # Backwards start at d loss/d logits x 1/(M x D); summing M x D gives the batch mean.
-        share = self.run_step(batch)
-        self.update_weights()
-        return self.mean_loss(share)
-
-    def micro_batches(self, inputs, labels):
-        return split(self.config, inputs, labels, self.replica)
-
-    def run_step(self, batch):
-        """This rank's actions; returns its share of the step's loss (0 off the last stage)."""
         self.execute(self.schedule, batch, self.handlers)
-        return loss_share(batch.outputs, self.config.micro_batches)
-
-    def update_weights(self):
-        """Sum each gradient over the replicas of this stage, clip, step the optimizer."""
-        grads = self.reduce(tuple(g for chunk in self.chunks for g in chunk.grads))
-        if self.config.clip_grad_norm:
-            grads = clip_by_global_norm(self.wire, grads, self.norm_once, self.config.clip_grad_norm,
-                                        tuple(range(self.wire.size)), self.config.data_parallel)
+        grads = sum_over(self.wire, tuple(g for chunk in self.chunks for g in chunk.grads),
+                         self.topo.data_parallel_ranks(self.stage))   # over the replicas
         self.update(ms.mutable(grads))
-
-    def reduce(self, grads):
-        return sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))
-
-    def mean_loss(self, share):
-        """The step's mean loss on every rank: the shares summed, the replicas averaged."""
+        share = loss_share(batch.outputs, self.config.micro_batches)  # 0 off the last stage
         world = tuple(range(self.wire.size))
         return float(self.wire.all_reduce(share, world).asnumpy()[0]) / self.config.data_parallel
 

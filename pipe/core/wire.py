@@ -9,7 +9,7 @@ import numpy as np
 
 __all__ = ["WIRE_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire", "MindSporeWire",
            "SoloWire", "PointToPoint", "Parts", "spec_of", "example", "write_header", "read_header",
-           "elements", "travels", "carrier", "recast"]
+           "elements", "travels", "carrier"]
 
 # The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
@@ -23,10 +23,6 @@ HEADER = 64                     # int32s in a spec's header (write_header)
 
 def carrier(dtype):
     return CARRIED_AS.get(dtype, dtype)
-
-
-def recast(tensor, dtype):
-    return tensor if tensor.dtype == dtype else tensor.astype(dtype)
 
 
 def travels(kind, dtype):
@@ -184,11 +180,11 @@ class PointToPoint:
         spec = self.shapes[action.boundary]
         for tensor, (_, dtype) in zip(value if isinstance(spec, Parts) else [value], elements(spec)):
             if travels(action.kind, dtype):
-                self.wire.send(recast(tensor, carrier(dtype)), self.ranks[action.peer], action.tag)
+                self.wire.send(tensor.astype(carrier(dtype), copy=False), self.ranks[action.peer], action.tag)
 
     def recv(self, action):
         spec = self.shapes[action.boundary]
-        got = tuple(recast(self.wire.recv(shape, carrier(dtype), self.ranks[action.peer], action.tag), dtype)
-                    if travels(action.kind, dtype) else ms.ops.zeros(shape, dtype)
-                    for shape, dtype in elements(spec))
+        got = tuple(self.wire.recv(shape, carrier(dtype), self.ranks[action.peer], action.tag).astype(
+            dtype, copy=False) if travels(action.kind, dtype) else ms.ops.zeros(shape, dtype)
+            for shape, dtype in elements(spec))
         return got if isinstance(spec, Parts) else got[0]
