@@ -118,6 +118,8 @@ class PipelineEngine(Engine):
             losses, grads, done = graph.compile_and_run(*replica_rows(batch), self.dropout_masks(
                 batch, self.p2p), self.chunks[0].grad_scale)
             done.asnumpy()               # waits inside the watch: a failed message is this step's
+        for chunk, summed in zip(self.chunks, grads):   # (as the loop leaves them)
+            chunk.grads = summed
         return losses, tuple(g for summed in grads for g in summed)
 
     def update_weights(self, grads):

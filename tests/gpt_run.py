@@ -58,6 +58,40 @@ def plain_run(seed):
     return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}, losses
 
 
+def plain_fp16_run(seed, loss_scale):
+    """({name: value}, every step's loss, the loss scale after every step) of one plain
+    process running the mixed-precision recipe: every layer computes in float16
+    (`to_float`) on float32 weights, float32 logits, (sum / count) x S differentiated, the
+    gradients / S; an inf or nan skips the step, and MindSpore's DynamicLossScaleUpdateCell
+    moves S."""
+    model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
+    names = [p.name for p in model.trainable_params()]
+    for layer in model.cells():
+        layer.to_float(ms.float16)
+    loss = gpt.TokenLoss()
+
+    def scaled_mean(ids, targets, s):
+        total, count = loss(model(ids).astype(ms.float32), targets)
+        return total / count * s
+    weights = model.trainable_params()
+    grad = ms.value_and_grad(scaled_mean, None, weights)
+    sgd = optimizer(weights)
+    scale = ms.Parameter(ms.Tensor(loss_scale, ms.float32), name="scale")
+    update = nn.DynamicLossScaleUpdateCell(loss_scale, scale_factor=2, scale_window=2000)
+    losses, scales = [], []
+    for ids, targets in batches(seed):
+        s = scale.value().copy()
+        value, grads = grad(ms.Tensor(ids), ms.Tensor(targets), s)
+        grads = tuple(g / s for g in grads)
+        overflowed = not all(bool(ms.ops.isfinite(g).all()) for g in grads)
+        update(scale, ms.Tensor(overflowed))
+        if not overflowed:
+            sgd(grads)
+        losses.append(float((value / s).asnumpy()))
+        scales.append(float(scale.value().asnumpy()))
+    return {n: p.asnumpy() for n, p in zip(names, weights)}, losses, scales
+
+
 class CountingEngine(PipelineEngine):
     """PipelineEngine, counting how often the stages agree on shapes."""
     agreed = 0
@@ -76,9 +110,12 @@ def pipe_run(spec, communicator):
     config = loop_config(batch_size=BATCH, seed=spec["seed"], **spec["config"])
     engine = CountingEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer,
                             config, DeadlineWire(120.0, communicator))
-    losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]
+    losses, scales = [], []
+    for x, y in batches(spec["seed"]):
+        losses.append(engine.train_step(x, y))
+        scales.append(engine.scaler.value if engine.scaler else None)
     engine.save(spec["save"], len(LENGTHS))
-    return engine, {"losses": losses, "agreed": engine.agreed}
+    return engine, {"losses": losses, "agreed": engine.agreed, "loss_scales": scales}
 
 
 def example_run(spec, communicator):

@@ -25,6 +25,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "mnist"))
 import core_check  # noqa: E402
+import dtypes_run  # noqa: E402
 import gpt_run  # noqa: E402
 import mlp_run  # noqa: E402
 import predict_check  # noqa: E402
@@ -52,6 +53,7 @@ def waves(configs, world):
 def run(flags, communicator):
     if isinstance(flags, dict):
         run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run,
+                    "dtypes": dtypes_run.pipe_run,
                     "core": core_check.pipe_run, "predict": predict_check.pipe_run,
                     "tied": tied_check.pipe_run}.get(flags.get("model"), mlp_run.pipe_run)
         engine, result = run_spec(flags, communicator)

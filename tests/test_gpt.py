@@ -10,7 +10,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from gpt_run import TokenMean, gpt, plain_run
+from gpt_run import TokenMean, gpt, plain_fp16_run, plain_run
 from launch import load, results
 from pipe.builders import LayerBuilders
 
@@ -18,6 +18,14 @@ SEED = 11
 CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the tied head on rank 0
     "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True)),
 }
+# fp16 with the (sum, count) loss, S = 2**16: one process's recipe skips no step (before the
+# count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
+# and every step overflowed). Tuples cross the boundaries, in one graph too.
+SCALE = 2.0 ** 16
+FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=True)),
+        "gpt-fp16-1f1b-2x1": (2, dict(stages=2)),
+        "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True)),
+        "gpt-fp16-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True))}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
 # a byte sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "--batch-size", "8",
@@ -25,8 +33,11 @@ EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "-
 
 
 def matrix(root):
+    fp16 = {"precision": "fp16", "loss_scale": SCALE}
     configs = [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **config}, "seed": SEED, "save": str(root / name)})
                for name, (ranks, config) in CONFIGS.items()]
+    configs += [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **fp16, **config}, "seed": SEED,
+                         "save": str(root / name)}) for name, (ranks, config) in FP16.items()]
     return configs + [(2, {"model": "gpt-example", "argv": EXAMPLE + ["--save", str(root / "gpt-example")],
                            "save": str(root / "gpt-example")})]
 
@@ -46,6 +57,27 @@ def test_gpt_trains_like_one_process(trained, plain, name):
     for rank, result in results(trained / name).items():
         np.testing.assert_allclose(result["losses"], losses, rtol=1e-5, err_msg=f"rank {rank}")
         assert result["agreed"] == 2, "the stages agree on each new shape once, not every step"
+
+
+@pytest.fixture(scope="module")
+def plain_fp16():
+    return plain_fp16_run(SEED, SCALE)
+
+
+@pytest.mark.parametrize("name", list(FP16))
+def test_gpt_in_fp16_with_a_token_mean_scales_and_skips_like_one_process(trained, plain_fp16, name):
+    """The mixed-precision recipe in one process: float16 layers, float32 logits,
+    (sum / count) x S differentiated. pipe gives the same loss scales after every step,
+    the same losses, and weights within float16's round-off."""
+    weights, losses, scales = plain_fp16
+    assert scales == [SCALE] * 3
+    saved = load(trained / name / "model.ckpt")
+    assert sorted(saved) == sorted(weights)
+    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
+    assert worst < 1e-3, f"{name}: weights differ from one process by {worst}"
+    for rank, result in results(trained / name).items():
+        assert result["loss_scales"] == scales, f"rank {rank}"
+        np.testing.assert_allclose(result["losses"], losses, rtol=2e-3, err_msg=f"rank {rank}")
 
 
 def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoint_loads(trained):
