@@ -206,15 +206,15 @@ def _coming(vs, bounds):
             f"stage {vs - 1}'s output (the boundary between layers {first - 1} and {first})")
 
 
-def _failure_text(vs, kind, expected, spec, bounds):
+def _failure_text(vs, kind, expected, spec, bounds, carried):
     """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
     first, coming = bounds[vs][0], _coming(vs, bounds)
     if kind == "wire":
         dtype = elements(spec)[expected][1]
         element = f"element {expected} of " if isinstance(spec, Parts) else ""
-        return (f"stage {vs} would receive {element}{coming} as {dtype}, which the wire between "
-                f"stages does not carry{' on CPU (numpy has no bfloat16)' if dtype == ms.bfloat16 else ''}; "
-                f"make layer {first - 1} hand it on as float32, float16, an int or bool")
+        return (f"stage {vs} would receive {element}{coming} as {dtype}, which this wire does "
+                f"not carry; make layer {first - 1} hand it on as one of "
+                f"{', '.join(str(d) for d in DTYPES if carrier(d) in carried)}")
     if kind == "dtype":
         source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
         return (f"dtype mismatch: stage {vs} receives {coming} as {spec[1]}, but the first "
@@ -282,7 +282,7 @@ class StageCheck:
                          for rank, r in enumerate(rows) if r[0]})
         if not failed:
             return
-        told = [_failure_text(vs, kind, expected, spec, self.bounds)
+        told = [_failure_text(vs, kind, expected, spec, self.bounds, self.carried)
                 for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
         mine = self.failure
         if mine is not None and mine.kind == "model":

@@ -19,7 +19,7 @@ from mindspore import nn
 from pipe.deadlines import connect
 from launch import loop_config
 from pipe.engine import PipelineEngine
-from user_layers import Attending, HiddenDropout, NoBackward, TiedHead
+from user_layers import Attending, HiddenDropout, NoBackward, Tagging, TiedHead, Untagging
 
 DEVICE = sys.argv[2] if len(sys.argv) > 2 else "CPU"
 ms.set_device(DEVICE)
@@ -40,6 +40,7 @@ CASES = {
                                                nn.Dense(8, 3)])),
     "no-backward-one-graph": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), NoBackward(),
                                                                nn.Dense(8, 3)]), one_graph=True),
+    "uint16": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), Tagging(), Untagging(), nn.Dense(8, 3)])),
     "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(8), nn.Dense(8, 3)])),
     "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
     "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),

@@ -86,6 +86,10 @@ BUILT_ELSEWHERE = (
     "layer inside it. A weight shared by two layers (a tied embedding and output head) is given "
     "as pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 NO_BACKWARD = "ValueError: 'this layer has no backward'"
+UINT16 = ("RuntimeError: " + "check before the first step failed: stage 1 would receive element 1 of "
+          "stage 0's output (the boundary between layers 1 and 2) as UInt16, which this wire does not "
+          "carry; make layer 1 hand it on as one of Float32, Float16, Float64, Int32, Int64, Bool, "
+          "UInt8, Int8, Int16")
 
 
 def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
@@ -101,6 +105,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "tuple: rank 0: " + pointer.format(1),
         "no-backward-one-graph: rank 0: PeerFailed: rank 1 failed compiling the step as one graph: "
         "rank 1's error says why",
+        "uint16: rank 0: " + UINT16,
         "random: rank 0: RuntimeError: " + CHECK + "stage 0 (layers 0 to 1) failed on the input "
         "batch, of shape (2, 8) Float32: layer 1 (HiddenDropout) draws random numbers inside: two "
         "runs of its forward on the same input differ, and pipe's backward runs it again, drawing "
@@ -115,6 +120,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "given a tuple of 2 (shape (2, 8) Float32, shape (2, 8) Float32), raised TypeError: "
         "Dense.construct() takes 2 positional arguments but 3 were given " + report,
         "no-backward-one-graph: rank 1: " + NO_BACKWARD,
+        "uint16: rank 1: " + UINT16,
         "random: rank 1: " + pointer.format(0),
         "targets: rank 1: RuntimeError: " + CHECK + "stage 1 (layer 1) failed on stage 0's output "
         "(the boundary between layers 0 and 1), of shape (2, 8) Float32: loss_fn, given logits of "

@@ -1,0 +1,149 @@
+"""Time the GPT example's model (examples/gpt/model.py) on one device: pipe or MindSpore's own step.
+
+    python benchmarks/gpt_benchmark.py --impl mindspore                 # value_and_grad + Adam, one ms.jit
+    python benchmarks/gpt_benchmark.py --impl pipe --micro-batches 4    # pipe's defaults
+    python benchmarks/gpt_benchmark.py --impl pipe --no-one-graph --precision fp16
+
+The model is GPT-2-small-sized by default (12 blocks of width 768, 12 heads, T = 512,
+B = 16), over bytes, its head tied to the input embedding, its loss the (sum, count)
+token loss; the ids are random bytes with the last eighth of every row padded. Each run
+appends one JSON line per timed window to --results: the step's milliseconds, tokens per
+second, peak device memory and the model FLOPs utilization (MFU): 6 N + 12 L T d FLOPs per
+token (N the parameters, L blocks of width d over T positions: the forward's products
+and their two backward ones, attention's included), over --peak-tflops.
+"""
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
+import model as gpt  # noqa: E402  (the example's own module)
+from benchmark import peak_memory  # noqa: E402
+from timing import median_windows  # noqa: E402
+from pipe import cli  # noqa: E402
+from pipe.builders import LayerBuilders  # noqa: E402
+from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--impl", choices=["pipe", "mindspore"], default="pipe")
+    p.add_argument("--layers", type=positive_int, default=12)
+    p.add_argument("--width", type=positive_int, default=768)
+    p.add_argument("--heads", type=positive_int, default=12)
+    p.add_argument("--context", type=positive_int, default=512, help="T, every row's length")
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--micro-batches", type=positive_int, default=1)
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps per window")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="the device's peak for MFU (0: no MFU), e.g. 67 (H100/H200 fp32), 989 (fp16)")
+    p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
+    p.add_argument("--results", default="gpt_benchmark.jsonl")
+    p.add_argument("--label", default="")
+    add_speed_flags(p)
+    add_precision_flag(p)
+    return p.parse_args(argv)
+
+
+def data(args):
+    """(ids, targets): random bytes, the last eighth of every row padding."""
+    rng = np.random.default_rng(0)
+    B, T = args.batch_size, args.context
+    ids = rng.integers(1, gpt.VOCAB, (B, T + 1)).astype(np.int32)
+    ids[:, T - T // 8:] = gpt.PAD
+    targets = np.where(ids[:, 1:] == gpt.PAD, gpt.IGNORE, ids[:, 1:]).astype(np.int32)
+    return ids[:, :T], targets
+
+
+def layers(args):
+    return gpt.gpt_layers(args.layers, args.width, args.heads, args.context)
+
+
+class OwnStep(nn.Cell):
+    """MindSpore's own training step: the token mean's gradients (in fp16: float16 layers,
+    float32 logits, the loss x S and the gradients / S, checked finite) and Adam, one graph."""
+
+    def __init__(self, model, half, scale=2.0 ** 16):
+        super().__init__()
+        self.model, self.loss, self.half = model, gpt.TokenLoss(), half
+        self.scale = ms.Tensor(scale if half else 1.0, ms.float32)
+        self.weights = ms.ParameterTuple(model.trainable_params())
+        self.grad = ms.value_and_grad(self.scaled, None, self.weights)
+        self.optimizer = nn.Adam(self.weights, learning_rate=1e-4)
+
+    def scaled(self, ids, targets):
+        total, count = self.loss(self.model(ids).astype(ms.float32), targets)
+        return total / count * self.scale
+
+    @ms.jit
+    def construct(self, ids, targets):
+        loss, grads = self.grad(ids, targets)
+        grads = tuple(g / self.scale for g in grads)
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        return ops.depend(loss / self.scale, self.optimizer(grads)), finite
+
+
+def mindspore_step(args):
+    model = LayerBuilders(layers(args), 0).whole()
+    if args.precision == "fp16":
+        for layer in model.cells():
+            layer.to_float(ms.float16)
+    step, (ids, targets) = OwnStep(model, args.precision == "fp16"), map(ms.Tensor, data(args))
+    return lambda: step(ids, targets)[0].asnumpy(), {}, count_params(model.trainable_params())
+
+
+def pipe_step(args, device):
+    config = PipelineConfig(micro_batches=args.micro_batches, batch_size=args.batch_size,
+                            device=device, precision=args.precision,
+                            defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
+    engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
+    ids, targets = map(ms.Tensor, data(args))
+    engine.train_step(ids, targets)      # (what pipe chose is filled in at the first step)
+    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph}
+    return lambda: engine.train_step(ids, targets), chose, count_params(engine.layout.params)
+
+
+def count_params(params):
+    return int(sum(p.size for p in params))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
+    ms.set_device(device)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    if device != "CPU":
+        ms.runtime.reset_peak_memory_stats()
+    step, chose, params = mindspore_step(args) if args.impl == "mindspore" else pipe_step(args, device)
+    windows = median_windows(step, args.warmup, args.steps, args.repeats)
+    tokens = args.batch_size * args.context
+    flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)
+    common = {"label": args.label, "impl": args.impl, "device": device, "layers": args.layers,
+              "width": args.width, "context": args.context, "batch_size": args.batch_size,
+              "micro_batches": args.micro_batches, "precision": args.precision, "params": params,
+              "peak_memory_bytes": peak_memory(device), **chose}
+    with open(args.results, "a") as f:
+        for repeat, seconds in enumerate(windows):
+            mfu = flops / seconds / (args.peak_tflops * 1e12) if args.peak_tflops else None
+            f.write(json.dumps({**common, "repeat": repeat, "step_ms": seconds * 1e3,
+                                "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
+    best = sorted(windows)[len(windows) // 2]
+    print(f"{args.impl} {args.precision} M={args.micro_batches} {chose}: {best * 1e3:.1f} ms per "
+          f"step, {tokens / best:,.0f} tokens/s, peak {peak_memory(device) / 2**30:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)

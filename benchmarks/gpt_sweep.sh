@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPT benchmark on one GPU, one precision per call: MindSpore's own step, pipe's defaults
+# at M = 1 and 4, and each mode pipe offers (loop or one graph, W deferred or per micro-batch).
+#   bash benchmarks/gpt_sweep.sh fp32 RESULTS.jsonl      (peak for MFU: 67 TFLOPS fp32, 989 fp16)
+set -u
+precision=$1 results=$2
+peak=$([ "$precision" = fp32 ] && echo 67 || echo 989)
+run() { timeout 280 python benchmarks/gpt_benchmark.py --precision "$precision" --peak-tflops "$peak" \
+          --results "$results" "$@" 2>&1 | grep -v "^pipe chose" | tail -n 2; }
+run --impl mindspore
+run --impl pipe
+run --impl pipe --micro-batches 4
+run --impl pipe --micro-batches 4 --one-graph --no-defer-wgrad
+run --impl pipe --micro-batches 4 --no-one-graph --no-defer-wgrad
+run --impl pipe --micro-batches 4 --no-one-graph --defer-wgrad
