@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The GPT benchmark on one GPU, one precision per call: MindSpore's own step, pipe's defaults
-# at M = 1 and 4, and each mode pipe offers (loop or one graph, W deferred or per micro-batch).
-#   bash benchmarks/gpt_sweep.sh fp32 RESULTS.jsonl      (peak for MFU: 67 TFLOPS fp32, 989 fp16)
+# The GPT benchmark on one GPU, one precision per call: MindSpore's own step and pipe's
+# defaults at M = 1 and 4 (`base`), or each mode pipe offers at M = 4 (`modes`: one graph
+# or the loop, W deferred or per micro-batch).
+#   bash benchmarks/gpt_sweep.sh fp32 base RESULTS.jsonl    (MFU's peak: 67 TFLOPS fp32, 989 fp16)
 set -u
-precision=$1 results=$2
+precision=$1 which=$2 results=$3
 peak=$([ "$precision" = fp32 ] && echo 67 || echo 989)
 run() { timeout 280 python benchmarks/gpt_benchmark.py --precision "$precision" --peak-tflops "$peak" \
           --results "$results" "$@" 2>&1 | grep -v "^pipe chose" | tail -n 2; }
-run --impl mindspore
-run --impl pipe
-run --impl pipe --micro-batches 4
-run --impl pipe --micro-batches 4 --one-graph --no-defer-wgrad
-run --impl pipe --micro-batches 4 --no-one-graph --no-defer-wgrad
-run --impl pipe --micro-batches 4 --no-one-graph --defer-wgrad
+if [ "$which" = base ]; then
+  run --impl mindspore
+  run --impl pipe
+  run --impl pipe --micro-batches 4
+else
+  run --impl pipe --micro-batches 4 --one-graph --no-defer-wgrad
+  run --impl pipe --micro-batches 4 --no-one-graph --no-defer-wgrad
+  run --impl pipe --micro-batches 4 --no-one-graph --defer-wgrad
+fi

@@ -212,6 +212,43 @@ def test_predict_before_the_first_train_step_needs_no_labels():
     assert first.train_step(x, y) == plain.train_step(x, y)
 
 
+class CountsCorrect(nn.Cell):
+    """(summed cross-entropy, the number of targets the logits get right): a count that
+    depends on the logits, which pipe cannot know before the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.cross_entropy = nn.CrossEntropyLoss(reduction="sum")
+
+    def construct(self, logits, labels):
+        return self.cross_entropy(logits, labels), (logits.argmax(-1) == labels).sum().astype(ms.float32)
+
+
+def test_a_count_that_depends_on_the_logits_is_refused_before_the_first_step():
+    model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
+    pipe = PipelineEngine(model, CountsCorrect(), lambda ps: nn.SGD(ps, learning_rate=0.1),
+                          loop_config(batch_size=4, micro_batches=2))
+    with pytest.raises(RuntimeError, match=r"loss_fn returns \(sum, count\), and its count changes "
+                                           r"with the logits \(\d+ for zero logits, \d+ for others\): "
+                                           r"pipe needs the step's total count before its first backward"):
+        pipe.train_step(np.ones((4, 6), np.float32), np.array([0, 1, 2, 1], np.int32))
+
+
+def test_a_batch_with_nothing_to_count_is_refused_at_its_step():
+    """One process's sum / count would be 0 / 0: every rank raises at once (the count is
+    the same on every rank, from the labels), before the step's first message."""
+    from mlp_run import TokenLoss
+    model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
+    pipe = PipelineEngine(model, TokenLoss(), lambda ps: nn.SGD(ps, learning_rate=0.1),
+                          loop_config(batch_size=4, micro_batches=2))
+    x = np.ones((4, 6), np.float32)
+    pipe.train_step(x, np.array([0, 1, -1, 2], np.int32))
+    with pytest.raises(ValueError, match=r"^loss_fn counts 0 targets in this step's whole batch: its "
+                                         r"token mean \(sum / count\) is undefined; leave such "
+                                         r"batches out$"):
+        pipe.train_step(x, np.full(4, -1, np.int32))
+
+
 def test_clipping_equals_clip_by_global_norm():
     """One process: pipe's clip (2 micro-batches) against MindSpore's own recipe."""
     def build():
