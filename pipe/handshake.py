@@ -19,7 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import FLOATS, arguments, variable
+from pipe.core.chunk import arguments, variable
 from pipe.core.wire import DTYPES, HEADER, Parts, carrier, elements, example, read_header, spec_of, write_header
 from pipe.normalized_loss import check_count, is_counted
 from pipe.watchdog import PeerFailed, first_line
@@ -28,6 +28,7 @@ __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "descr
 
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
+FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
              "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as nn.Dense does)")
 

@@ -9,7 +9,7 @@ of all micro-batches at once: one product per layer.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, variable
+from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, has_bool, variable
 
 __all__ = ["SplitBackward", "split_cells", "rows_of"]
 
@@ -19,7 +19,7 @@ class LayerInputGrad(nn.Cell):
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
-        self.layer = Differentiable(layer)
+        self.layer, self.guarded = layer, Differentiable(layer)
         self.keep = bool(layer.trainable_params())
         self.input_grad = input_grad
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
@@ -28,7 +28,7 @@ class LayerInputGrad(nn.Cell):
         stash = (dy,) if self.keep else ()
         if not self.input_grad:
             return dy, stash
-        dx = self.grad(self.layer)(*arguments(x), dy)
+        dx = self.grad(self.guarded if has_bool(arguments(x)) else self.layer)(*arguments(x), dy)
         return (dx if isinstance(x, tuple) else dx[0]), stash
 
 
@@ -56,7 +56,8 @@ class WeightGrad(nn.Cell):
         super().__init__(auto_prefix=False)
         weighted = [i for i, layer in enumerate(layers) if layer.trainable_params()]
         self.inputs = tuple(residual_of[i] for i in weighted)   # the residuals W reads
-        self.layers = nn.CellList([Differentiable(layers[i]) for i in weighted])
+        self.layers = nn.CellList([layers[i] for i in weighted])
+        self.guarded = nn.CellList([Differentiable(layers[i]) for i in weighted])
         self.weights = [ms.ParameterTuple(layers[i].trainable_params()) for i in weighted]
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.positions = gradient_positions(layers)
@@ -66,8 +67,8 @@ class WeightGrad(nn.Cell):
         grads = ()
         n = len(self.layers)
         for k in range(n):
-            grads = grads + self.grad(self.layers[k], self.weights[k])(*arguments(tensors[k]),
-                                                                       tensors[n + k])
+            layer = self.guarded[k] if has_bool(arguments(tensors[k])) else self.layers[k]
+            grads = grads + self.grad(layer, self.weights[k])(*arguments(tensors[k]), tensors[n + k])
         return accumulate(accumulators, grads, self.positions)
 
 

@@ -10,10 +10,8 @@ from mindspore import nn, ops
 
 from pipe.core.wire import spec_of
 
-FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
-
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
-           "KeepInput", "LayerGrad", "Differentiable", "arguments", "variable", "FLOATS"]
+           "KeepInput", "LayerGrad", "Differentiable", "has_bool", "arguments", "variable"]
 
 
 def is_plain_sequence(cell):
@@ -34,24 +32,31 @@ def arguments(x):
     return x if isinstance(x, tuple) else (x,)
 
 
-def no_gradient_unless_float(values):
-    """An int or bool value (a mask, ids) has no gradient (nor Add, for bool) to add up."""
+def no_bool_gradient(values):   # a bool (a mask): no gradient, as autograd has no bool Add
     out = ()
     for v in values:
-        out = out + ((v if v.dtype in FLOATS else ops.stop_gradient(v)),)
+        out = out + ((ops.stop_gradient(v) if v.dtype == ms.bool_ else v),)
     return out
 
 
+def has_bool(values):   # (a constant while compiling)
+    found = False
+    for v in values:
+        found = found or v.dtype == ms.bool_
+    return found
+
+
 class Differentiable(nn.Cell):
-    """A layer as its backward differentiates it: only its float arguments and outputs."""
+    """A layer as its backward differentiates it when a bool reaches it (only then: MindSpore
+    2.10 fails to compile `ops.arange(x.shape[1])` in a wrapped layer): no bool gradients."""
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
         self.layer = layer
 
     def construct(self, *args):
-        y = self.layer(*no_gradient_unless_float(args))
-        return no_gradient_unless_float(y) if isinstance(y, tuple) else y
+        y = self.layer(*no_bool_gradient(args))
+        return no_bool_gradient(y) if isinstance(y, tuple) else y
 
 
 def variable(x):
@@ -99,19 +104,20 @@ class LayerGrad(nn.Cell):
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
-        self.layer = Differentiable(layer)
+        self.layer, self.guarded = layer, Differentiable(layer)
         self.weights = ms.ParameterTuple(layer.trainable_params())
         self.input_grad = input_grad
         self.grad = ops.GradOperation(get_all=input_grad or not self.weights,
                                       get_by_list=bool(self.weights), sens_param=True)
 
     def construct(self, x, dy):
+        layer = self.guarded if has_bool(arguments(x)) else self.layer
         if not self.weights:
-            dx, dw = self.grad(self.layer)(*arguments(x), dy), ()
+            dx, dw = self.grad(layer)(*arguments(x), dy), ()
         elif not self.input_grad:
-            return dy, self.grad(self.layer, self.weights)(*arguments(x), dy)
+            return dy, self.grad(layer, self.weights)(*arguments(x), dy)
         else:
-            dx, dw = self.grad(self.layer, self.weights)(*arguments(x), dy)
+            dx, dw = self.grad(layer, self.weights)(*arguments(x), dy)
         return (dx if isinstance(x, tuple) else dx[0]), dw
 
 

@@ -25,8 +25,7 @@ def carrier(dtype):
     return CARRIED_AS.get(dtype, dtype)
 
 
-def travels(kind, dtype):
-    """Forward every tensor goes; back only a float's gradient (an int has none: zeros arrive)."""
+def travels(kind, dtype):   # forward every tensor; back only a float's gradient (ints: zeros)
     return kind in ("sF", "rF") or dtype.is_floating_point
 
 
