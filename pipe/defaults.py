@@ -7,8 +7,12 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   over the rows of all M micro-batches, not as M thin products each added into the sum:
   the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
   cost is memory: every micro-batch keeps its layers' inputs and output gradients until
-  the flush. pipe defers unless the config says memory is short (`recompute`) or a layer
-  holds buffers (batch norm: its gradient over all rows would use their joint statistics).
+  the flush. For a layer that is more than a Dense (a transformer block: attention, norms)
+  W differentiates the whole layer again: on one H200 the GPT-2-small-sized model at M=4
+  took 466 ms per step deferred against 288 W per micro-batch (one graph; the loop 536
+  against 360). pipe defers unless the config says memory is short (`recompute`), a layer
+  holds buffers (batch norm: its gradient over all rows would use their joint statistics)
+  or a layer with weights is not an nn.Dense.
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
@@ -22,10 +26,11 @@ import math
 
 import mindspore as ms
 import numpy as np
+from mindspore import nn
 
 from pipe.core.wire import elements
 
-__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "choose_graph", "action_flops", "most_of",
+__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "choose_graph", "action_flops", "most_of",
            "announce"]
 
 LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
@@ -36,14 +41,23 @@ LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when th
 HOST_BOUND_FLOPS = 1e10
 
 
-def choose_defer(config, buffers):
-    """(whether to defer W, why) for `config`; `buffers`: some rank's layers hold buffers."""
+def choose_defer(config, buffers, composite=False):
+    """(whether to defer W, why) for `config`; `buffers`: some rank's layers hold buffers;
+    `composite`: some rank has a layer with weights that is not an nn.Dense."""
     if config.recompute:
         return False, "W per micro-batch (recompute says memory is short; deferring keeps " \
                       "every micro-batch's activations until the flush)"
     if buffers:
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
+    if composite:
+        return False, ("W per micro-batch (a layer with weights is not an nn.Dense: its W "
+                       "differentiates the whole layer again, 1.6x slower on the GPT)")
     return True, "W deferred to the flush (one product per layer over all micro-batches)"
+
+
+def is_composite(layer):
+    """A layer with weights whose W is more than one product: anything but an nn.Dense."""
+    return type(layer) is not nn.Dense and bool(layer.trainable_params())
 
 
 def choose_graph(config, buffers, flops):

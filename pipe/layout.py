@@ -14,7 +14,7 @@ from functools import cached_property
 from pipe.batchnorm import refuse_deferred
 from pipe.builders import LayerBuilders
 from pipe.chunk import Chunk, RecomputedChunk
-from pipe.defaults import choose_defer, most_of
+from pipe.defaults import choose_defer, is_composite, most_of
 from pipe.core.place import Topology
 from pipe.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
@@ -40,6 +40,7 @@ class Layout:
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
     any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
+    any_composite: bool = False  # some rank has a weighted layer other than nn.Dense (likewise)
     why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.defaults)
 
     @property
@@ -121,8 +122,11 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
     layout = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
     if left:                             # pipe chooses: every rank's layers count
         layout.any_buffers = most_of(wire, len(layout.buffers)) > 0
+        layout.any_composite = most_of(wire, sum(is_composite(layer) for chunk in layout.chunks
+                                                 for layer in chunk.layers)) > 0
     if "defer_wgrad" in left:            # the same on every rank: the vote above
-        config.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers)
+        config.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers,
+                                                            layout.any_composite)
         layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
                                            config.chunks, config.defer_wgrad)
     return layout

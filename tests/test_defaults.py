@@ -8,7 +8,7 @@ from mindspore import nn
 from launch import load, loop_config, results
 from mlp_run import LOSS, build_model, plain_run
 from pipe.config import PipelineConfig
-from pipe.defaults import action_flops, announce, choose_defer, choose_graph
+from pipe.defaults import action_flops, announce, choose_defer, choose_graph, is_composite
 from pipe.engine import PipelineEngine
 from test_transparency import SEED, assert_same_weights, spec
 
@@ -16,16 +16,26 @@ DEFERRED = "W deferred to the flush (one product per layer over all micro-batche
 LOOP = "the per-action loop ({} needs the host between actions)"
 
 
-@pytest.mark.parametrize("config,buffers,choice", [
-    (dict(), False, (True, DEFERRED)),
-    (dict(recompute=True), False, (False, "W per micro-batch (recompute says memory is short; "
-                                          "deferring keeps every micro-batch's activations until "
-                                          "the flush)")),
-    (dict(), True, (False, "W per micro-batch (batch norm: W over all rows would use their joint "
-                           "statistics)")),
+@pytest.mark.parametrize("config,buffers,composite,choice", [
+    (dict(), False, False, (True, DEFERRED)),
+    (dict(recompute=True), False, False, (False, "W per micro-batch (recompute says memory is "
+                                                 "short; deferring keeps every micro-batch's "
+                                                 "activations until the flush)")),
+    (dict(), True, False, (False, "W per micro-batch (batch norm: W over all rows would use "
+                                  "their joint statistics)")),
+    (dict(), False, True, (False, "W per micro-batch (a layer with weights is not an nn.Dense: "
+                                  "its W differentiates the whole layer again, 1.6x slower on "
+                                  "the GPT)")),
 ])
-def test_w_is_deferred_unless_memory_is_short_or_a_layer_has_buffers(config, buffers, choice):
-    assert choose_defer(PipelineConfig(**config), buffers) == choice
+def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product(config, buffers,
+                                                                                 composite, choice):
+    assert choose_defer(PipelineConfig(**config), buffers, composite) == choice
+
+
+def test_a_transformer_block_is_composite_and_a_dense_is_not():
+    from gpt_run import gpt
+    assert [is_composite(build()) for build in gpt.gpt_layers(1, 8, 2, 8, tied=False)] == [True, True, True]
+    assert [is_composite(layer) for layer in (nn.Dense(2, 2), nn.ReLU())] == [False, False]
 
 
 @pytest.mark.parametrize("config,facts,choice", [
