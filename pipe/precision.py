@@ -20,7 +20,7 @@ float16 on its first steps).
 
 The cost: each compiled call casts its layers' weights to float16 again (per micro-batch
 in the per-action loop; once per step as one graph, where the compiler merges the casts),
-which at float16 speed is a large share of a step (docs/benchmarks.md section 18).
+which at float16 speed is a large share of a step (benchmarks/log.md section 18).
 """
 import mindspore as ms
 from mindspore import nn, ops

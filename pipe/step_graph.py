@@ -1,7 +1,7 @@
 """A rank's whole training step as one compiled graph, generated from its action list.
 
 The engine's loop (pipe.core.engine) makes one compiled call per F, B, I or W and one wire call per
-message; each costs the host 0.2-0.5 ms whatever the work (docs/benchmarks.md), which
+message; each costs the host 0.2-0.5 ms whatever the work (benchmarks/log.md), which
 bounds small models and deep pipelines. `StepGraph` walks the same lowered list once,
 while MindSpore compiles: each action becomes the chunk's own compiled cell (pipe.chunk),
 inlined, and each message the wire's in-graph operator (`graph_op`). The

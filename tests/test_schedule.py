@@ -407,7 +407,7 @@ dualpipe-v                0.0769        16  4 4
 @pytest.mark.parametrize("flags,table", [([], COMPARED), (["--defer-wgrad"], COMPARED_DEFERRED_WGRAD)])
 def test_cli_compares_every_schedule(capsys, flags, table):
     """Deferred, W* costs M x W and every micro-batch waits for it: the bubble the flush
-    adds and the memory it holds (its speed is the kernels', docs/benchmarks.md 14)."""
+    adds and the memory it holds (its speed is the kernels', benchmarks/log.md 14)."""
     from pipe.__main__ import main
     main(["--schedule", "all", "--stages", "2", "--micro-batches", "4"] + flags)
     assert capsys.readouterr().out == table

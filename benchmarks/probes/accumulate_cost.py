@@ -3,7 +3,7 @@
     python benchmarks/probes/accumulate_cost.py GPU
 
 pipe passes its accumulators in and gets them back (functional); adding in place with
-`ops.assign_add` was measured slower on the device too (docs/benchmarks.md, section 6).
+`ops.assign_add` was measured slower on the device too (benchmarks/log.md, section 6).
 """
 import sys
 

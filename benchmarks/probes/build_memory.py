@@ -2,7 +2,7 @@
 built whole on every rank or only a rank's own layers (layer builders).
     python benchmarks/probes/build_memory.py whole|own P   (under msrun for P > 1)
 
-Recorded in docs/benchmarks.md, section 11."""
+Recorded in benchmarks/log.md, section 11."""
 import gc
 import json
 import os

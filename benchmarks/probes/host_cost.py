@@ -3,7 +3,7 @@
     python benchmarks/probes/host_cost.py GPU
 
 Each figure is the median time the host spends issuing a call, not waiting for the device
-(docs/benchmarks.md, section 6). accumulate_cost.py uses the same clock.
+(benchmarks/log.md, section 6). accumulate_cost.py uses the same clock.
 """
 import statistics
 import sys

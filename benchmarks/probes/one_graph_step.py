@@ -2,7 +2,7 @@
 ops.Send / ops.Receive inside it. Small MLP 8 x 1024 (784 inputs), B=64, M=4, SGD.
     msrun --worker_num=2 --local_worker_num=2 --join=True benchmarks/probes/one_graph_step.py
 Prints each rank's median step (ms) and the step-1 loss (rank 1). Recorded in
-docs/benchmarks.md, section 12: the evidence for generating such a graph from a rank's
+benchmarks/log.md, section 12: the evidence for generating such a graph from a rank's
 action list."""
 import statistics
 import time

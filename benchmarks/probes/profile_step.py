@@ -4,7 +4,7 @@
 
 The small MLP (8 x 1024) on one device, after 5 warm-up steps; prints the median step and
 the functions that took the most time over 50 steps. `Tensor.asnumpy` is the host waiting
-for the device (docs/benchmarks.md, section 13).
+for the device (benchmarks/log.md, section 13).
 """
 import cProfile
 import os

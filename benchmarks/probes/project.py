@@ -1,5 +1,5 @@
 """Project the large MLP's step on more GPUs from a trace recorded on 2 (a projection,
-not a measurement: docs/benchmarks.md, section 10, checks one against a real run).
+not a measurement: benchmarks/log.md, section 10, checks one against a real run).
 
     python benchmarks/probes/project.py docs/traces/trace-large-2x1-zb-h1.json --schedule zb-h1 --stages 4 8
 

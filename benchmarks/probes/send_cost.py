@@ -4,7 +4,7 @@
 
 Rank 0 sends, rank 1 receives. Prints each rank's median host microseconds per message
 with the peer ready, the time to issue a message whose peer comes 500 ms late (a blocking
-call would take the 500 ms), and a send issued right after a compiled call (docs/benchmarks.md,
+call would take the 500 ms), and a send issued right after a compiled call (benchmarks/log.md,
 section 7).
 """
 import statistics
