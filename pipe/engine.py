@@ -109,10 +109,10 @@ class PipelineEngine(Engine):
     def run_actions(self, batch):
         """This rank's actions, one by one or as one graph: (its losses' sum, the summed
         weight gradients of its chunks, in order; none when the graph stepped)."""
-        self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        if not self.config.one_graph:
+        if not self.config.one_graph:    # (execute: one handler per action, each watched)
             self.execute(self.schedule, batch, self.handlers)
             return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads)
+        self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         graph = self.graphs[batch.shapes]   # compiled before the step's first message
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
             losses, grads, done = graph.compile_and_run(*replica_rows(batch), self.dropout_masks(

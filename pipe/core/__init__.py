@@ -1,4 +1,4 @@
-"""pipe.core: pipeline-parallel training in six short modules. Read them in this order:
+"""pipe.core: pipeline-parallel training in six short modules (docs/reading.md: in what order):
 
     config.py    what a run decides: stages, replicas, micro-batches, batch, schedule
     schedule.py  a schedule as data (GPipe, 1F1B), and `lower`, which adds the messages
