@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
 
 from pipe.core.chunk import arguments, variable
 from pipe.core.wire import DTYPES, HEADER, Parts, carrier, elements, example, read_header, spec_of, write_header

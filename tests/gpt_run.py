@@ -12,6 +12,7 @@ import numpy as np
 from mindspore import nn
 
 from launch import load_example, loop_config
+from mlp_run import fp16_steps
 from pipe.builders import LayerBuilders
 from pipe.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
@@ -61,9 +62,8 @@ def plain_run(seed):
 def plain_fp16_run(seed, loss_scale):
     """({name: value}, every step's loss, the loss scale after every step) of one plain
     process running the mixed-precision recipe: every layer computes in float16
-    (`to_float`) on float32 weights, float32 logits, (sum / count) x S differentiated, the
-    gradients / S; an inf or nan skips the step, and MindSpore's DynamicLossScaleUpdateCell
-    moves S."""
+    (`to_float`) on float32 weights, float32 logits, (sum / count) x S differentiated
+    (mlp_run.fp16_steps)."""
     model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
     names = [p.name for p in model.trainable_params()]
     for layer in model.cells():
@@ -74,21 +74,8 @@ def plain_fp16_run(seed, loss_scale):
         total, count = loss(model(ids).astype(ms.float32), targets)
         return total / count * s
     weights = model.trainable_params()
-    grad = ms.value_and_grad(scaled_mean, None, weights)
-    sgd = optimizer(weights)
-    scale = ms.Parameter(ms.Tensor(loss_scale, ms.float32), name="scale")
-    update = nn.DynamicLossScaleUpdateCell(loss_scale, scale_factor=2, scale_window=2000)
-    losses, scales = [], []
-    for ids, targets in batches(seed):
-        s = scale.value().copy()
-        value, grads = grad(ms.Tensor(ids), ms.Tensor(targets), s)
-        grads = tuple(g / s for g in grads)
-        overflowed = not all(bool(ms.ops.isfinite(g).all()) for g in grads)
-        update(scale, ms.Tensor(overflowed))
-        if not overflowed:
-            sgd(grads)
-        losses.append(float((value / s).asnumpy()))
-        scales.append(float(scale.value().asnumpy()))
+    losses, scales = fp16_steps(ms.value_and_grad(scaled_mean, None, weights), optimizer(weights),
+                                loss_scale, batches(seed))
     return {n: p.asnumpy() for n, p in zip(names, weights)}, losses, scales
 
 

@@ -157,6 +157,20 @@ def results(directory):
     return dict(sorted(found.items()))
 
 
+def assert_like_one_process(directory, weights, losses, atol=2e-5, rtol=1e-5):
+    """The run saved in `directory` (its model.ckpt, every rank's results) against one
+    process's `weights` ({name: value}) and `losses`; returns the ranks' results."""
+    import numpy as np
+    saved = load(os.path.join(directory, "model.ckpt"))
+    assert sorted(saved) == sorted(weights)
+    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
+    assert worst < atol, f"{directory}: weights differ from one process by {worst}"
+    ranks = results(directory)
+    for rank, result in ranks.items():
+        np.testing.assert_allclose(result["losses"], losses, rtol=rtol, err_msg=f"rank {rank}")
+    return ranks
+
+
 def loop_config(**fields):
     """A PipelineConfig with the per-action loop and W per micro-batch unless `fields` say
     otherwise: what each feature's tests pin (tests/test_defaults.py: what pipe chooses)."""

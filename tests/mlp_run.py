@@ -134,21 +134,29 @@ def plain_fp16_run(seed, loss_scale, overflow=None):
     weights = model.trainable_params()
     scaled = ms.value_and_grad(lambda x, y, s: LOSS(model(x).astype(ms.float32), y) * s,
                                None, weights)
-    sgd = optimizer("sgd")(weights)
+    losses, scales = fp16_steps(scaled, optimizer("sgd")(weights), loss_scale,
+                                batches(seed, steps=FP16_STEPS, overflow=overflow))
+    return {n: p.asnumpy() for n, p in names.items()}, losses, scales
+
+
+def fp16_steps(scaled, optimizer, loss_scale, data):
+    """One process's mixed-precision steps: `scaled(x, y, S)` gives (loss x S, gradients
+    x S); the gradients / S; an inf or nan skips the step, and MindSpore's own
+    DynamicLossScaleUpdateCell moves S. Returns every step's loss and S after it."""
     scale = ms.Parameter(ms.Tensor(loss_scale, ms.float32), name="scale")
     update = nn.DynamicLossScaleUpdateCell(loss_scale, scale_factor=2, scale_window=2000)
     losses, scales = [], []
-    for x, y in batches(seed, steps=FP16_STEPS, overflow=overflow):
+    for x, y in data:
         s = scale.value().copy()
         loss, grads = scaled(ms.Tensor(x), ms.Tensor(y), s)
         grads = tuple(g / s for g in grads)
         overflowed = not all(bool(ms.ops.isfinite(g).all()) for g in grads)
         update(scale, ms.Tensor(overflowed))
         if not overflowed:
-            sgd(grads)
+            optimizer(grads)
         losses.append(float((loss / s).asnumpy()))
         scales.append(float(scale.value().asnumpy()))
-    return {n: p.asnumpy() for n, p in names.items()}, losses, scales
+    return losses, scales
 
 
 def pipe_run(spec, communicator):

@@ -2,11 +2,10 @@
 float16 with their gradients coming back, bool, int32, int64 and uint8 with none, in the
 loop and in one graph, 1F1B and ZB-V with W deferred, like one process (tests/dtypes_run.py).
 A dtype no wire carries is refused before the first step: tests/test_errors.py."""
-import numpy as np
 import pytest
 
 from dtypes_run import DTYPES, plain_run
-from launch import load, results
+from launch import assert_like_one_process
 
 SEED = 5
 CONFIGS = {"1f1b-loop": dict(schedule="1f1b"),
@@ -28,13 +27,7 @@ def plain():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_dtype_crosses_a_boundary_and_trains_like_one_process(trained, plain, name):
-    weights, losses = plain
-    saved = load(trained / f"dtypes-{name}" / "model.ckpt")
-    assert sorted(saved) == sorted(weights)
-    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
-    assert worst < 2e-5, f"{name}: weights differ from one process by {worst}"
     crossing = set()
-    for rank, result in results(trained / f"dtypes-{name}").items():
-        np.testing.assert_allclose(result["losses"], losses, rtol=1e-5, err_msg=f"rank {rank}")
+    for result in assert_like_one_process(trained / f"dtypes-{name}", *plain).values():
         crossing |= set(result["crossing"])
     assert crossing == set(DTYPES), crossing

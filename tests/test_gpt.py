@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpt_run import TokenMean, gpt, plain_fp16_run, plain_run
-from launch import load, results
+from launch import assert_like_one_process
 from pipe.builders import LayerBuilders
 
 SEED = 11
@@ -49,13 +49,7 @@ def plain():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gpt_trains_like_one_process(trained, plain, name):
-    weights, losses = plain
-    saved = load(trained / name / "model.ckpt")
-    assert sorted(saved) == sorted(weights)
-    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
-    assert worst < 2e-5, f"{name}: weights differ from one process by {worst}"
-    for rank, result in results(trained / name).items():
-        np.testing.assert_allclose(result["losses"], losses, rtol=1e-5, err_msg=f"rank {rank}")
+    for rank, result in assert_like_one_process(trained / name, *plain).items():
         assert result["agreed"] == 2, "the stages agree on each new shape once, not every step"
 
 
@@ -71,13 +65,8 @@ def test_gpt_in_fp16_with_a_token_mean_scales_and_skips_like_one_process(trained
     the same losses, and weights within float16's round-off."""
     weights, losses, scales = plain_fp16
     assert scales == [SCALE] * 3
-    saved = load(trained / name / "model.ckpt")
-    assert sorted(saved) == sorted(weights)
-    worst = max(float(np.abs(saved[n] - weights[n]).max()) for n in weights)
-    assert worst < 1e-3, f"{name}: weights differ from one process by {worst}"
-    for rank, result in results(trained / name).items():
+    for rank, result in assert_like_one_process(trained / name, weights, losses, 1e-3, 2e-3).items():
         assert result["loss_scales"] == scales, f"rank {rank}"
-        np.testing.assert_allclose(result["losses"], losses, rtol=2e-3, err_msg=f"rank {rank}")
 
 
 def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoint_loads(trained):
