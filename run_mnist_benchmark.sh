@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # What pipeline parallelism buys on this machine: pipe next to one device, MindSpore's built-in
 # pipeline and torch.distributed.pipelining (when torch is importable), on a small and a
-# compute-bound MLP. With no flags: the headline table, each figure the median of 3 windows.
+# compute-bound MLP, and the GPT example's model (GPT-2-small-sized on GPUs, scaled down on
+# CPU) beside MindSpore's own step. With no flags: the headline table, each figure the
+# median of 3 windows.
 #
 #   ./run_mnist_benchmark.sh                       # headline: ~3 minutes on 2 GPUs
 #   ./run_mnist_benchmark.sh --all                 # every layout, schedule and implementation
 #   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b   (a part of --all)
 #
-# Options: --model small|large|all  --all  --layout PxD|all  --schedule NAME|all
+# Options: --model small|large|gpt|all  --all (MLPs)  --layout PxD|all  --schedule NAME|all
 #          --impl pipe|pipe-graph|builtin|all  (pipe: the per-action loop; pipe-graph: each
 #                                               step as one compiled graph)
 #          --defer-wgrad / --no-defer-wgrad (W once per step over all micro-batches, or per
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
 done
 
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
-case "$MODEL" in small|large|all) ;; *) bad "--model $MODEL: use small, large or all" ;; esac
+case "$MODEL" in small|large|gpt|all) ;; *) bad "--model $MODEL: use small, large, gpt or all" ;; esac
 case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
 case "$PRECISION" in fp32|fp16) ;;
   bf16) bad "--precision bf16: MindSpore 2.10 has no bfloat16 kernels on CPU or GPU; use fp16 or fp32" ;;
@@ -88,6 +90,21 @@ launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS window
       || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
   fi
 }
+launch_gpt() {  # launch_gpt N WHAT ARGS...: gpt_benchmark.py on N processes (pipe) or one
+  local n=$1 what=$2; shift 2
+  progress "$what" || return 0
+  set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
+    --precision "$PRECISION" --peak-tflops "$PEAK" "$@"
+  if [ "$n" -eq 1 ]; then
+    python benchmarks/gpt_benchmark.py "$@" | grep -v "^pipe chose"
+  elif [ "$DEVICE" = CPU ]; then
+    mpiexec -n "$n" python benchmarks/gpt_benchmark.py --stages "$n" "$@" | grep -v "^pipe chose"
+  else
+    msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
+      --log_dir="$OUT/logs" --join=True benchmarks/gpt_benchmark.py --stages "$n" "$@" \
+      > "$OUT/logs/last.out" 2>&1 || { echo "  failed: GPT $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
+  fi
+}
 launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, same model and rows
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
@@ -108,10 +125,30 @@ if [ "$PRECISION" = fp32 ]; then
   if python -c "import torch" 2>/dev/null; then TORCH=1; else NO_TORCH="torch is not importable"; fi
 fi
 
+gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MFU's peak
+  PEAK=0
+  if [ "$DEVICE" = CPU ]; then GSIZE="--layers 2 --width 64 --heads 4 --context 64 --batch-size 8"
+  else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 16"
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in   # dense peaks
+      *H100*|*H200*) PEAK=$([ "$PRECISION" = fp32 ] && echo 67 || echo 989) ;; esac
+  fi
+}
+headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices
+  gpt_size
+  say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
+  launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore
+  if [ $P = 1 ]; then
+    launch_gpt 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $GSIZE --impl pipe $DEFER
+  else
+    launch_gpt $P "pipe ${P}x1 M=4: 1f1b (pipe chooses W and one graph)" $GSIZE --impl pipe \
+      --micro-batches 4 $DEFER
+  fi
+}
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices
   P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done
   for model in small large; do
     wanted "$MODEL" "$model" || continue
+    [ "$model" = large ] && [ "${SKIP_LARGE:-0}" = 1 ] && continue
     size_of $model $P
     say "== $model MLP: $SIZE"
     launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
@@ -132,6 +169,7 @@ headline() {  # one device, pipe's best schedules, the built-in and torch, on al
       say "  (no torch.distributed.pipelining row: $NO_TORCH)"
     fi
   done
+  if wanted "$MODEL" gpt; then headline_gpt; fi
 }
 
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
@@ -188,9 +226,13 @@ sweep() {  # every wanted run (--all), in order
   done
 }
 if [ "$HEADLINE" = 1 ] && [ "$DEVICE" = CPU ] && [ "$MODEL" = all ]; then
-  echo "(CPU: the small MLP; the large one's step takes minutes on CPU cores: --model large)"
-  MODEL=small
+  echo "(CPU: the small MLP and the GPT scaled down; the large MLP's step takes minutes on CPU cores: --model large)"
+  SKIP_LARGE=1
 fi
-walk() { if [ "$HEADLINE" = 1 ]; then headline; else sweep; fi; }
+walk() {
+  if [ "$HEADLINE" = 1 ]; then headline; return; fi
+  sweep
+  if [ "$MODEL" = gpt ]; then P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done; headline_gpt; fi
+}
 COUNTING=1; walk; COUNTING=0; walk
 python benchmarks/report.py "$RESULTS"

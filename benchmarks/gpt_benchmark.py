@@ -3,6 +3,7 @@
     python benchmarks/gpt_benchmark.py --impl mindspore                 # value_and_grad + Adam, one ms.jit
     python benchmarks/gpt_benchmark.py --impl pipe --micro-batches 4    # pipe's defaults
     python benchmarks/gpt_benchmark.py --impl pipe --no-one-graph --precision fp16
+    mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4   # a pipeline
 
 The model is GPT-2-small-sized by default (12 blocks of width 768, 12 heads, T = 512,
 B = 16), over bytes, its head tied to the input embedding, its loss the (sum, count)
@@ -10,7 +11,9 @@ token loss; the ids are random bytes with the last eighth of every row padded. E
 appends one JSON line per timed window to --results: the step's milliseconds, tokens per
 second, peak device memory and the model FLOPs utilization (MFU): 6 N + 12 L T d FLOPs per
 token (N the parameters, L blocks of width d over T positions: the forward's products
-and their two backward ones, attention's included), over --peak-tflops.
+and their two backward ones, attention's included), over --peak-tflops per device. The
+lines carry benchmark.py's fields too (`hidden` is the width), so that
+benchmarks/report.py shows the GPT as one more model of the headline table.
 """
 import json
 import os
@@ -39,6 +42,7 @@ from pipe.engine import PipelineEngine  # noqa: E402
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--impl", choices=["pipe", "mindspore"], default="pipe")
+    p.add_argument("--stages", type=positive_int, default=1, help="pipe: P ranks, one stage each")
     p.add_argument("--layers", type=positive_int, default=12)
     p.add_argument("--width", type=positive_int, default=768)
     p.add_argument("--heads", type=positive_int, default=12)
@@ -102,18 +106,23 @@ def mindspore_step(args):
         for layer in model.cells():
             layer.to_float(ms.float16)
     step, (ids, targets) = OwnStep(model, args.precision == "fp16"), map(ms.Tensor, data(args))
-    return lambda: step(ids, targets)[0].asnumpy(), {}, count_params(model.trainable_params())
+    place = {"rank": 0, "stage": 0, "impl": "builtin", "defer_wgrad": False, "one_graph": True}
+    return lambda: step(ids, targets)[0].asnumpy(), place, count_params(model.trainable_params())
 
 
 def pipe_step(args, device):
-    config = PipelineConfig(micro_batches=args.micro_batches, batch_size=args.batch_size,
-                            device=device, precision=args.precision,
+    config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
+                            batch_size=args.batch_size, device=device, precision=args.precision,
                             defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
     ids, targets = map(ms.Tensor, data(args))
     engine.train_step(ids, targets)      # (what pipe chose is filled in at the first step)
-    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph}
-    return lambda: engine.train_step(ids, targets), chose, count_params(engine.layout.params)
+    params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
+        engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
+    place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
+    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph, **place,
+             "impl": "pipe-graph" if engine.config.one_graph else "pipe"}
+    return lambda: engine.train_step(ids, targets), chose, params
 
 
 def count_params(params):
@@ -131,18 +140,26 @@ def main(argv=None):
     windows = median_windows(step, args.warmup, args.steps, args.repeats)
     tokens = args.batch_size * args.context
     flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)
-    common = {"label": args.label, "impl": args.impl, "device": device, "layers": args.layers,
-              "width": args.width, "context": args.context, "batch_size": args.batch_size,
-              "micro_batches": args.micro_batches, "precision": args.precision, "params": params,
+    devices = args.stages if args.impl == "pipe" else 1
+    common = {"label": args.label, "model": "gpt", "device": device, "layers": args.layers,
+              "hidden": args.width, "heads": args.heads, "context": args.context,
+              "batch_size": args.batch_size, "stages": devices, "data_parallel": 1,
+              "schedule": "1f1b" if devices > 1 else "-", "micro_batches": args.micro_batches,
+              "precision": args.precision, "params": params, "flops_per_step": flops,
+              "peak_tflops": args.peak_tflops or None, "devices": devices,
               "peak_memory_bytes": peak_memory(device), **chose}
-    with open(args.results, "a") as f:
+    with open(args.results, "a") as f:   # one short line per window: appends do not interleave
         for repeat, seconds in enumerate(windows):
-            mfu = flops / seconds / (args.peak_tflops * 1e12) if args.peak_tflops else None
+            mfu = flops / seconds / (args.peak_tflops * 1e12 * devices) if args.peak_tflops else None
             f.write(json.dumps({**common, "repeat": repeat, "step_ms": seconds * 1e3,
+                                "samples_per_s": args.batch_size / seconds,
                                 "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
     best = sorted(windows)[len(windows) // 2]
-    print(f"{args.impl} {args.precision} M={args.micro_batches} {chose}: {best * 1e3:.1f} ms per "
-          f"step, {tokens / best:,.0f} tokens/s, peak {peak_memory(device) / 2**30:.2f} GiB", flush=True)
+    if chose["rank"] == 0:
+        print(f"{args.impl} {args.precision} P={devices} M={args.micro_batches} "
+              f"(defer_wgrad={chose['defer_wgrad']}, one_graph={chose['one_graph']}): "
+              f"{best * 1e3:.1f} ms per step, {tokens / best:,.0f} tokens/s, peak "
+              f"{peak_memory(device) / 2**30:.2f} GiB", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,15 @@ from collections import defaultdict
 
 from pipe.cli import Parser, existing_file
 
-COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "speedup",
-           "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
+COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "tokens_per_s",
+           "mfu", "speedup", "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB",
+           "host_us_per_action"]
 DERIVED = ("speedup", "efficiency", "pipeline_eff", "bound")   # from other rows, or "-"
 NOTES = {
     "-": "-: not measured in these results (speedup needs a one-device run of the same model, "
          "pipeline_eff pipe's one-device run with the same M: --all; the built-in has no bound)",
+    "mfu": "tokens_per_s, mfu: the GPT's (benchmarks/gpt_benchmark.py: 6 N + 12 L T d FLOPs per "
+           "token over the devices' dense peak; - where no peak was given or for an MLP)",
     "host": "host_us_per_action: rank 0's median host microseconds per action kind, issuing the "
             "work, not waiting for it (F forward, B backward, I input gradient, W weight "
             "gradient, W* all micro-batches' W, sF/sB/rF/rB sends and receives)",
@@ -39,15 +42,24 @@ def host_line(ranks):
     return " ".join(f"{kind} {us}" for kind, us in host.items()) if host else "-"
 
 
+def model_name(row):
+    """What a row's model is called in the table: `8x1024 b64`, or `GPT 12x768 T512 b16`."""
+    size = f"{row['layers']}x{row['hidden']}"
+    if row.get("model") == "gpt":
+        size = f"GPT {size} T{row['context']}"
+    precision = row.get("precision", "fp32")
+    return f"{size} b{row['batch_size']}" + (f" {precision}" if precision != "fp32" else "")
+
+
 def summarize(lines):
     runs = defaultdict(list)
     for line in lines:
         row = json.loads(line)
-        key = (row["layers"], row["hidden"], row["batch_size"], row.get("precision", "fp32"),
-               row["impl"], row["stages"], row["data_parallel"], row["schedule"], row["micro_batches"])
+        key = (model_name(row), row["batch_size"], row["impl"], row["stages"], row["data_parallel"],
+               row["schedule"], row["micro_batches"])
         runs[key].append(row)
     rows = []
-    for (layers, hidden, batch, precision, impl, P, D, schedule, M), ranks in runs.items():
+    for (model, batch, impl, P, D, schedule, M), ranks in runs.items():
         repeats = defaultdict(list)
         for r in ranks:
             repeats[r.get("repeat", 0)].append(r["step_ms"])
@@ -56,10 +68,14 @@ def summarize(lines):
         for r in ranks:
             memory[r["stage"]] = max(memory[r["stage"]], r["peak_memory_bytes"])
         deferred = ranks[0].get("defer_wgrad", False)
-        model = f"{layers}x{hidden} b{batch}" + (f" {precision}" if precision != "fp32" else "")
+        first = ranks[0]                 # the GPT's: tokens and FLOPs per step, the peak
+        tokens = batch * first["context"] / step * 1e3 if "context" in first else math.nan
+        mfu = first["flops_per_step"] / (step / 1e3) / (first["peak_tflops"] * 1e12 * P * D) \
+            if first.get("peak_tflops") else math.nan
         rows.append({"model": model, "layout": f"{P}x{D}", "impl": impl,
                      "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
                      "step_ms": step, "runs": len(repeats), "samples_per_s": batch / step * 1e3,
+                     "tokens_per_s": tokens, "mfu": mfu,
                      "devices": P * D, "P": P,
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
@@ -83,19 +99,22 @@ def summarize(lines):
     return rows
 
 
-def cell(value):
+def cell(value, column=""):
     if isinstance(value, float):
-        return "-" if math.isnan(value) else f"{value:.2f}"
+        return "-" if math.isnan(value) else f"{value:.1%}" if column == "mfu" else \
+            f"{value:.0f}" if column == "tokens_per_s" else f"{value:.2f}"
     return str(value)
 
 
 def format_table(rows):
     """The table, then a footnote for each kind of entry that needs one."""
-    table = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
+    table = [COLUMNS] + [[cell(r[c], c) for c in COLUMNS] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
     if any(cell(r[c]) == "-" for r in rows for c in DERIVED):
         lines.append(NOTES["-"])
+    if any(not math.isnan(r["tokens_per_s"]) for r in rows):
+        lines.append(NOTES["mfu"])
     if any(r["host_us_per_action"] != "-" for r in rows):
         lines.append(NOTES["host"])
     return "\n".join(lines)
@@ -126,7 +145,8 @@ def chart(rows, path):
         for y, r in enumerate(mine):
             ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(f"{model} MLP: step time (ms, median), shorter is faster", fontsize=10)
+        kind = "" if model.startswith("GPT") else " MLP"
+        ax.set_title(f"{model}{kind}: step time (ms, median), shorter is faster", fontsize=10)
         ax.margins(x=0.15)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -16,11 +16,21 @@ def row(rank, stage, step_ms, **extra):
 def test_a_run_without_its_one_device_baseline_shows_a_dash_and_says_why():
     lines = format_table(summarize([row(0, 0, 8.0, host_us={"F": 250}), row(1, 1, 9.0)])).splitlines()
     assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "runs",
-                                "samples_per_s", "speedup", "efficiency", "pipeline_eff", "bound",
-                                "peak_mem_per_stage_GiB", "host_us_per_action"]
+                                "samples_per_s", "tokens_per_s", "mfu", "speedup", "efficiency",
+                                "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
     assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "1", "7111.11",
-                                "-", "-", "-", "0.80", "1.00", "1.00", "F", "250"]
+                                "-", "-", "-", "-", "-", "0.80", "1.00", "1.00", "F", "250"]
     assert lines[2:] == [NOTES["-"], NOTES["host"]]
+
+
+def test_the_gpt_row_shows_tokens_and_mfu():
+    """benchmarks/gpt_benchmark.py's lines: tokens per second from the step, and MFU over
+    the devices' peak (2 x 1 TFLOPS here)."""
+    gpt = dict(model="gpt", context=512, hidden=768, layers=12, batch_size=16,
+               flops_per_step=2e11, peak_tflops=1.0)
+    [summary] = summarize([row(0, 0, 200.0, **gpt), row(1, 1, 200.0, **gpt)])
+    assert summary["model"] == "GPT 12x768 T512 b16"
+    assert (summary["tokens_per_s"], summary["mfu"]) == (16 * 512 / 0.2, 0.5)
 
 
 def test_a_configuration_run_several_times_shows_its_median_run():
