@@ -45,7 +45,7 @@ def draws(config, batch, step):
 
 class KeepMask(nn.Cell):
     """Dropout: (x, masks) -> (x * mask / keep_prob, (mask,)), with its own mask of `masks`."""
-    keeps = 1
+    residual_count = 1
 
     def __init__(self, dropout, index):
         super().__init__(auto_prefix=False)

@@ -82,7 +82,7 @@ class PipelineEngine(Engine):
         batch = split(self.config, inputs, labels, self.replica)   # this replica's micro-batches
         self.step += 1
         if batch.shapes not in self.links:            # new shapes: the stages agree on them
-            self.connect_stages(batch)
+            self.agree_shapes(batch)
         self.p2p = self.links[batch.shapes]
         weight = self.loss_weight(batch)              # what each micro-batch's loss counts
         scale = weight * (self.scaler.value if self.scaler else 1.0)   # fp16: x the loss scale S
@@ -162,7 +162,7 @@ class PipelineEngine(Engine):
         """Each micro-batch's dropout masks for each chunk, as the loop draws them (`drawn`
         off: keeping every unit, for their shapes)."""
         held = self.layout.virtual_stages_held
-        return tuple(chunk.masks(p2p.shapes[vs], chunk.draws[m] if drawn else None)
+        return tuple(chunk.masks(p2p.specs[vs], chunk.draws[m] if drawn else None)
                      for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
 
     def execute(self, schedule, batch, handlers):
@@ -186,7 +186,7 @@ class PipelineEngine(Engine):
         self.chunks[action.chunk].backward_weight(micro_batches_of(self.schedule, action))
 
     # ---- before a step on new shapes ----------------------------------------------------
-    def connect_stages(self, batch, training=True):
+    def agree_shapes(self, batch, training=True):
         """Core's walk, with every stage's forward checked (pipe.handshake); in training,
         what the config left to pipe is chosen at the first, and the step's graph is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
@@ -194,7 +194,7 @@ class PipelineEngine(Engine):
                                self.wire.dtypes, training, runs=1 if self.links else 2)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
-            self.output_spec, counted = check.agree(self.wire, p2p.shapes, last)
+            self.output_spec, counted = check.agree(self.wire, p2p.specs, last)
         if not training:
             return p2p
         self.links[batch.shapes] = p2p
@@ -227,7 +227,7 @@ class PipelineEngine(Engine):
         agreed what crosses the boundaries: the same on every rank; rank 0 says it."""
         choices = [self.layout.why_defer] if "defer_wgrad" in self.left else []
         if "one_graph" in self.left:
-            specs = [p2p.shapes[vs] for vs in self.layout.virtual_stages_held]
+            specs = [p2p.specs[vs] for vs in self.layout.virtual_stages_held]
             flops = most_of(self.wire, action_flops(self.chunks, specs))
             one_graph, why = choose_graph(self.config, self.layout.any_buffers, flops)
             self.run_as(one_graph)

@@ -65,7 +65,7 @@ class LogitsAsFloat32(nn.Cell):
 
     def __init__(self, kept):
         super().__init__(auto_prefix=False)
-        self.kept, self.keeps = kept, kept.keeps
+        self.kept, self.residual_count = kept, kept.residual_count
 
     def construct(self, x, extras):
         y, residuals = self.kept(x, extras)

@@ -49,7 +49,7 @@ def predict(engine, inputs, broadcast):
     the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast."""
     batch = split_for_predict(engine.config, inputs)
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
-        p2p = engine.connect_stages(batch, training=False)
+        p2p = engine.agree_shapes(batch, training=False)
         engine.predicting[batch.shapes] = p2p, engine.output_spec
     p2p, output_spec = engine.predicting[batch.shapes]
     trained, engine.p2p = engine.p2p, p2p

@@ -33,7 +33,7 @@ class KeepOutput(KeepInput):
 class SharesOutput(KeepOutput):
     """ReLU before a layer that keeps its input: (x, extras) -> (y, ()); its backward reads
     the next layer's residual, y."""
-    keeps = 0
+    residual_count = 0
 
     def construct(self, x, extras):
         return self.layer(x), ()

@@ -103,7 +103,7 @@ class Message(nn.Cell):
 
     def __init__(self, p2p, action):
         super().__init__(auto_prefix=False)
-        spec = p2p.shapes[action.boundary]
+        spec = p2p.specs[action.boundary]
         self.specs, self.is_tuple = tuple(elements(spec)), isinstance(spec, Parts)
         self.travels = tuple(travels(action.kind, dtype) for _, dtype in self.specs)
         self.carriers = tuple(carrier(dtype) for _, dtype in self.specs)

@@ -185,7 +185,7 @@ def pipe_run(spec, communicator):
         losses.append(engine.train_step(x, y))
         scales.append(engine.scaler.value if half else None)
     engine.save(spec["save"], len(data))
-    wire = sorted({str(dtype) for vs, spec in engine.p2p.shapes.items()   # between the stages
+    wire = sorted({str(dtype) for vs, spec in engine.p2p.specs.items()   # between the stages
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
     grads = sorted({str(g.dtype) for chunk in engine.chunks for g in chunk.grads})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,

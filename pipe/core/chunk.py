@@ -66,7 +66,7 @@ def variable(x):
 
 class KeepInput(nn.Cell):
     """(x, extras) -> (layer(x), (x,)): the output, and the residuals its backward reads."""
-    keeps = 1
+    residual_count = 1
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
@@ -170,7 +170,7 @@ class Chunk:
         self.grad_scale = ms.Tensor(grad_scale, ms.float32)
         self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
         wrapped = [self.keeps(i) for i in range(len(self.layers))]
-        self.residual_of = [sum(w.keeps for w in wrapped[:i]) for i in range(len(wrapped))]
+        self.residual_of = [sum(w.residual_count for w in wrapped[:i]) for i in range(len(wrapped))]
         self.forward_cell = Forward(wrapped, loss_fn)
         self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
         self.residuals = {}     # micro-batch -> what its backward reads, from its F to its B

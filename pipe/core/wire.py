@@ -168,21 +168,21 @@ def read_header(header):
 
 
 class PointToPoint:
-    """One rank's messages (peer, tag, boundary b; `shapes[b]`: the spec crossing b). A tuple
+    """One rank's messages (peer, tag, boundary b; `specs[b]`: the spec crossing b). A tuple
     goes as a message per element, each as its `carrier`; a non-float one (a mask) has no
     gradient: zeros arrive."""
 
-    def __init__(self, wire, pipeline_ranks, shapes):
-        self.wire, self.ranks, self.shapes = wire, pipeline_ranks, shapes
+    def __init__(self, wire, pipeline_ranks, specs):
+        self.wire, self.ranks, self.specs = wire, pipeline_ranks, specs
 
     def send(self, value, action):
-        spec = self.shapes[action.boundary]
+        spec = self.specs[action.boundary]
         for tensor, (_, dtype) in zip(value if isinstance(spec, Parts) else [value], elements(spec)):
             if travels(action.kind, dtype):
                 self.wire.send(tensor.astype(carrier(dtype), copy=False), self.ranks[action.peer], action.tag)
 
     def recv(self, action):
-        spec = self.shapes[action.boundary]
+        spec = self.specs[action.boundary]
         got = tuple(self.wire.recv(shape, carrier(dtype), self.ranks[action.peer], action.tag).astype(
             dtype, copy=False) if travels(action.kind, dtype) else ms.ops.zeros(shape, dtype)
             for shape, dtype in elements(spec))
