@@ -8,6 +8,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe.core.chunk import is_plain_sequence, leaves
+from pipe.sequential import Sequential
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
            "timed_costs", "whole_model_names"]
@@ -19,7 +20,7 @@ def check_model(model):
     if not isinstance(model, nn.SequentialCell):
         raise TypeError(f"pipe splits an nn.SequentialCell into stages, layer by layer; the model "
                         f"is a {name}: list its layers in an nn.SequentialCell")
-    if not is_plain_sequence(model):
+    if not (is_plain_sequence(model) or type(model) is Sequential):   # (pipe's own chains as pipe does)
         raise TypeError(f"the model is a {name}, a SequentialCell subclass with its own construct: "
                         "pipe would split it by its children and skip that construct; wrap the "
                         "block with the skip connection as one layer of a plain nn.SequentialCell")

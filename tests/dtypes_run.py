@@ -77,13 +77,12 @@ class Head(nn.Cell):
 
 
 def build_model(seed, guarded=False):
-    """The layers as pipe splits them (nn.SequentialCell), or `guarded`, as one process
-    runs them (pipe.sequential.Sequential: a tuple as the next layer's arguments)."""
+    """The model (pipe.sequential.Sequential: a tuple is the next layer's arguments), for
+    pipe to split, or `guarded`, for one process to differentiate whole."""
     ms.set_seed(seed)
     layers = [nn.Dense(4, WIDTH), Fan(), Mix(), Head()]
-    if not guarded:
-        return nn.SequentialCell(layers)
-    return Sequential(layers[:1] + [Guarded(layer) for layer in layers[1:3]] + layers[3:])
+    return Sequential(layers[:1] + [Guarded(layer) for layer in layers[1:3]] + layers[3:]
+                      if guarded else layers)
 
 
 def batches(seed):
