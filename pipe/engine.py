@@ -67,6 +67,7 @@ class PipelineEngine(Engine):
         self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
         self.predicting = {}             # predict's batch shapes -> (messages, output spec)
         self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
+        self.inverse = None              # (1 / S, as a tensor) the step's graph last took
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
             if config.precision == "fp16" else None     # (pipe.precision)
@@ -88,9 +89,11 @@ class PipelineEngine(Engine):
         scale = weight * (self.scaler.value if self.scaler else 1.0)   # fp16: x the loss scale S
         for chunk in self.chunks:                     # sums start anew; this step's masks
             chunk.start_step(scale, draws(self.config, batch, self.step), batch.shapes)
-        losses, grads = self.run_actions(batch)       # F, B, I, W and messages
-        if not self.update_in_graph:                  # (one graph may have stepped already)
+        losses, grads, overflowed = self.run_actions(batch)   # F, B, I, W and messages
+        if not self.update_in_graph:
             self.update_weights(grads)
+        elif self.scaler:                             # the graph stepped, unless it overflowed
+            self.scaler.update(overflowed)
         return self.step_loss(losses, weight)
 
     def loss_weight(self, batch):
@@ -108,19 +111,29 @@ class PipelineEngine(Engine):
 
     def run_actions(self, batch):
         """This rank's actions, one by one or as one graph: (its losses' sum, the summed
-        weight gradients of its chunks, in order; none when the graph stepped)."""
+        weight gradients of its chunks, in order (none when the graph stepped), whether
+        the graph found a gradient overflowed (fp16 stepping inside it))."""
         if not self.config.one_graph:    # (execute: one handler per action, each watched)
             self.execute(self.schedule, batch, self.handlers)
-            return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads)
+            return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads), None
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         graph = self.graphs[batch.shapes]   # compiled before the step's first message
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, grads, done = graph.compile_and_run(*replica_rows(batch), self.dropout_masks(
-                batch, self.p2p), self.chunks[0].grad_scale)
+            losses, grads, done, overflow = graph.compile_and_run(
+                *replica_rows(batch), self.dropout_masks(batch, self.p2p), self.chunks[0].grad_scale,
+                self.inverse_scale())
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):   # (as the loop leaves them)
             chunk.grads = summed
-        return losses, tuple(g for summed in grads for g in summed)
+        overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
+        return losses, tuple(g for summed in grads for g in summed), overflowed
+
+    def inverse_scale(self):
+        """1 / S, as the step's graph takes it (1 in fp32)."""
+        value = 1.0 / self.scaler.value if self.scaler else 1.0
+        if self.inverse is None or self.inverse[0] != value:
+            self.inverse = value, ms.Tensor(value, ms.float32)
+        return self.inverse[1]
 
     def update_weights(self, grads):
         """Unscale (fp16), sum over tied copies and replicas, clip, step."""
@@ -210,9 +223,11 @@ class PipelineEngine(Engine):
         fails to compile on any rank fails on every rank before any message (the rank where
         it failed raises the compiler's error, the others name that rank)."""
         def compile_graph():
-            graph = StepGraph(self.layout, p2p, self.update if self.update_in_graph else None)
+            stepping = self.update_in_graph
+            graph = StepGraph(self.layout, p2p, self.update if stepping else None,
+                              self.scaler.unscale_cell if stepping and self.scaler else None)
             graph.compile(*replica_rows(batch), self.dropout_masks(batch, p2p, drawn=False),
-                          self.chunks[0].grad_scale)
+                          self.chunks[0].grad_scale, self.inverse_scale())
             return graph
         self.graphs[batch.shapes] = agreed(self.wire, compile_graph, "compiling the step as one graph")
 

@@ -150,29 +150,34 @@ def _pick(tensors, positions):
 
 def updates_in_graph(layout):
     """Whether the optimizer can step inside the graph: its gradients are final there, with
-    no all-reduce (over replicas, tied copies, the global norm or fp16's overflow flag) or
-    sum of a weight two chunks hold between."""
+    no all-reduce (over replicas, tied copies, the global norm, or fp16's overflow flag
+    unless this is the only rank) or sum of a weight two chunks hold between."""
     config = layout.config
+    alone = config.stages * config.data_parallel == 1
     return (config.data_parallel == 1 and not layout.tied and not layout.repeats
-            and not config.clip_grad_norm and config.precision == "fp32")
+            and not config.clip_grad_norm and (config.precision == "fp32" or alone))
 
 
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    micro-batch first, the loss gradient's scale) -> (this rank's micro-batch losses summed
-    (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its chunks, a token set
-    once its work and messages are done). Given `update` (the optimizer over the chunks'
-    parameters, in order), it steps too, and hands back no gradients (the small MLP's 18
-    cost 75-110 us of host per call on one H200).
+    micro-batch first, the loss gradient's scale, 1 / S) -> (this rank's micro-batch losses
+    summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
+    chunks, a token set once its work and messages are done, 1.0 if a gradient overflowed
+    else 0.0). Given `update` (the optimizer over the chunks' parameters, in order), it
+    steps too, and hands back no gradients (the small MLP's 18 cost 75-110 us of host per
+    call on one H200); given `unscale` too (fp16 on one rank: pipe.precision.Unscale), the
+    gradients are divided by S first and the step is taken only if none overflowed, as
+    MindSpore's TrainOneStepWithLossScaleCell does.
 
     The engine compiles it (`Cell.compile`) before the step's first message, on every rank
     at once (pipe.handshake.agreed): a graph that fails to compile on one rank is refused
     on all before any waits; each step then runs it with `compile_and_run`, which finds it
     compiled."""
 
-    def __init__(self, layout, p2p, update=None):
+    def __init__(self, layout, p2p, update=None, unscale=None):
         """`layout` passed `check_supported` (pipe.layout checks it before any message)."""
         super().__init__(auto_prefix=False)
+        self.unscale = unscale
         chunks = layout.chunks
         for chunk in chunks:
             chunk.set_mode(True)
@@ -191,7 +196,7 @@ class StepGraph(nn.Cell):
         self.update = update
         self.micro_batches = layout.config.micro_batches
 
-    def construct(self, rows, labels_of_rows, masks, scale):   # compiled whole (`compile`)
+    def construct(self, rows, labels_of_rows, masks, scale, inverse):   # compiled whole (`compile`)
         size = rows.shape[0] // self.micro_batches
         inputs, labels = ops.split(rows, size), ops.split(labels_of_rows, size)
         flight, residuals, starts, waiting, grads = {}, {}, {}, {}, {}
@@ -242,6 +247,13 @@ class StepGraph(nn.Cell):
         summed, flat = (), ()
         for c in range(self.count):
             summed, flat = summed + (grads[c],), flat + grads[c]
+        overflow = ops.zeros(1, ms.float32)
         if self.update is not None:   # stepped here: no gradient need leave the graph
-            done, summed = ops.depend(done, self.update(flat)), ()
-        return loss_sum(losses), summed, ops.depend(sent, done)
+            summed = ()
+            if self.unscale is None:
+                done = ops.depend(done, self.update(flat))
+            else:
+                flat, overflow = self.unscale(flat, inverse)
+                if overflow[0] < 0.5:
+                    done = ops.depend(done, self.update(flat))
+        return loss_sum(losses), summed, ops.depend(sent, done), overflow

@@ -111,6 +111,29 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
 
 
+def test_fp16_on_one_rank_steps_inside_the_graph_bitwise_the_loop_and_skips_an_overflow():
+    """One stage in fp16: the graph unscales, checks every gradient and steps only if none
+    overflowed (step 3's input overflows), as the loop does between its calls."""
+    import mindspore as ms
+    from mlp_run import BATCH, FP16_STEPS, LOSS, batches, build_model, optimizer
+    from pipe.engine import PipelineEngine
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    runs = []
+    for one_graph in (False, True):
+        config = PipelineConfig(micro_batches=4, batch_size=BATCH, one_graph=one_graph,
+                                defer_wgrad=False, precision="fp16", loss_scale=2.0 ** 14)
+        engine = PipelineEngine(build_model(7), LOSS, optimizer("adam"), config)
+        scales = []
+        for x, y in batches(7, steps=FP16_STEPS, overflow=2):
+            engine.train_step(x, y)
+            scales.append(engine.scaler.value)
+        runs.append((scales, [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]))
+    assert engine.update_in_graph
+    (scales, loop), (graph_scales, graph) = runs
+    assert scales == graph_scales == [2.0 ** 14] * 2 + [2.0 ** 13] * (FP16_STEPS - 2)
+    assert all((a == b).all() for a, b in zip(loop, graph))
+
+
 def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
     """The step graph wraps the chunks' cells again, which renames their parameters
     (`0.layers.0.0.weight`); `parameters_dict()` still gives the names MindSpore gives the
