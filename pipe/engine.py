@@ -117,11 +117,10 @@ class PipelineEngine(Engine):
             self.execute(self.schedule, batch, self.handlers)
             return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads), None
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        graph = self.graphs[batch.shapes]   # compiled before the step's first message
+        graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, grads, done, overflow = graph.compile_and_run(
-                *replica_rows(batch), self.dropout_masks(batch, self.p2p), self.chunks[0].grad_scale,
-                self.inverse_scale())
+            losses, grads, done, overflow = graph(*replica_rows(batch), self.dropout_masks(
+                batch, self.p2p), self.chunks[0].grad_scale, self.inverse_scale())
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         for chunk, summed in zip(self.chunks, grads):   # (as the loop leaves them)
             chunk.grads = summed
@@ -219,17 +218,18 @@ class PipelineEngine(Engine):
         return p2p
 
     def build_graph(self, batch, p2p):
-        """The step as one graph for these shapes, compiled now, on every rank: one that
-        fails to compile on any rank fails on every rank before any message (the rank where
-        it failed raises the compiler's error, the others name that rank)."""
-        def compile_graph():
-            stepping = self.update_in_graph
-            graph = StepGraph(self.layout, p2p, self.update if stepping else None,
-                              self.scaler.unscale_cell if stepping and self.scaler else None)
-            graph.compile(*replica_rows(batch), self.dropout_masks(batch, p2p, drawn=False),
-                          self.chunks[0].grad_scale, self.inverse_scale())
-            return graph
-        self.graphs[batch.shapes] = agreed(self.wire, compile_graph, "compiling the step as one graph")
+        """The step as one graph for these shapes. With other ranks it is compiled now on
+        every rank at once: one that fails to compile on any rank fails on every rank before
+        any message (the rank where it failed raises the compiler's error, the others name
+        that rank). Alone, its first call compiles it; nothing can wait on it."""
+        stepping = self.update_in_graph
+        graph = StepGraph(self.layout, p2p, self.update if stepping else None,
+                          self.scaler.unscale_cell if stepping and self.scaler else None)
+        if self.wire.size > 1:
+            agreed(self.wire, lambda: graph.compile(*replica_rows(batch), self.dropout_masks(
+                batch, p2p, drawn=False), self.chunks[0].grad_scale, self.inverse_scale()),
+                "compiling the step as one graph")
+        self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):
         """Run each step as one graph or action by action; with one graph and nothing to
