@@ -67,7 +67,7 @@ class PipelineEngine(Engine):
         self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
         self.predicting = {}             # predict's batch shapes -> (messages, output spec)
         self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
-        self.inverse = None              # (1 / S, as a tensor) the step's graph last took
+        self.one = ms.Tensor(1.0, ms.float32)   # the step graph's 1 / S in fp32
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
             if config.precision == "fp16" else None     # (pipe.precision)
@@ -129,10 +129,7 @@ class PipelineEngine(Engine):
 
     def inverse_scale(self):
         """1 / S, as the step's graph takes it (1 in fp32)."""
-        value = 1.0 / self.scaler.value if self.scaler else 1.0
-        if self.inverse is None or self.inverse[0] != value:
-            self.inverse = value, ms.Tensor(value, ms.float32)
-        return self.inverse[1]
+        return self.scaler.inverse() if self.scaler else self.one
 
     def update_weights(self, grads):
         """Unscale (fp16), sum over tied copies and replicas, clip, step."""

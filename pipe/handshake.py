@@ -26,9 +26,9 @@ from pipe.watchdog import PeerFailed, first_line
 
 __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
 
+FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
-FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
              "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as nn.Dense does)")
 

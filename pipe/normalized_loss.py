@@ -45,7 +45,6 @@ class TokenCount(nn.Cell):
         super().__init__(auto_prefix=False)
         self.loss_fn = loss_fn
         self.per_row = tuple(logits_spec[0][1:])     # the logits' shape after the rows
-
         self.zero = ms.Tensor(0.0, logits_spec[1])
 
     @ms.jit

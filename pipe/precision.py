@@ -128,13 +128,20 @@ class LossScaler:
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth
         self.unscale_cell = Unscale()
+        self.inverse_of = None           # (S, 1/S as a tensor), made anew when S moves
+
+    def inverse(self):
+        """1 / S as a tensor, what `Unscale` multiplies by (in the loop or the step's graph)."""
+        if self.inverse_of is None or self.inverse_of[0] != self.value:
+            self.inverse_of = self.value, ms.Tensor(1.0 / self.value, ms.float32)
+        return self.inverse_of[1]
 
     def unscale(self, wire, grads):
         """(`grads` / S, whether the optimizer may step: no rank overflowed), with one
         all-reduce of the overflow flag over every rank; S is updated."""
         flag = ops.zeros(1, ms.float32)
         if grads:
-            grads, flag = self.unscale_cell(ms.mutable(grads), ms.Tensor(1.0 / self.value, ms.float32))
+            grads, flag = self.unscale_cell(ms.mutable(grads), self.inverse())
         overflow = bool(wire.all_reduce(flag, tuple(range(wire.size))).asnumpy()[0])
         self.update(overflow)
         return grads, not overflow
