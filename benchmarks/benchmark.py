@@ -181,14 +181,14 @@ def main(argv=None):
             if device != "CPU":
                 ms.runtime.reset_peak_memory_stats()
             engine, windows, host = pipe_run(args, device, schedule, wire, x, y)
-            wire, config = engine.wire, engine.config     # (config: with what pipe chose)
-            rows.append(({"impl": "pipe-graph" if config.one_graph else "pipe",
+            wire, config = engine.wire, engine.config     # (config: with W as pipe chose)
+            rows.append(({"impl": "pipe-graph" if engine.one_graph else "pipe",
                           "schedule": schedule + "+W*" * config.defer_wgrad,
-                          "defer_wgrad": config.defer_wgrad, "one_graph": config.one_graph,
+                          "defer_wgrad": config.defer_wgrad, "one_graph": engine.one_graph,
                           "rank": wire.rank, "stage": engine.layout.stage,
                           "peak_memory_bytes": peak_memory(device),
                           "bounds": engine.layout.all_bounds,
-                          "peak_activation_bytes": sum(c.peak_bytes for c in engine.chunks),
+                          "peak_activation_bytes": engine.peak_bytes,
                           "host_us": host}, windows))   # host: median per action kind
             del engine
     with open(args.results, "a") as f:   # one short line per rank and window: appends do not interleave

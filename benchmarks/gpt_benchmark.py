@@ -120,8 +120,8 @@ def pipe_step(args, device):
     params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
         engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
-    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph, **place,
-             "impl": "pipe-graph" if engine.config.one_graph else "pipe"}
+    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.one_graph, **place,
+             "impl": "pipe-graph" if engine.one_graph else "pipe"}
     return lambda: engine.train_step(ids, targets), chose, params
 
 

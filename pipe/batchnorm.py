@@ -2,43 +2,53 @@
 over the replicas.
 
 A layer in training mode updates its buffers each time it runs; pipe's backward runs a
-layer again, so the chunk puts the buffers back as they were after every backward piece.
-After the step, each buffer is averaged over the replicas, which saw different data.
+layer again, so each backward piece (B, I, W) saves the buffers before it and puts them
+back after (`Buffers`: graph-compilable, the loop and the step's graph run the same
+lines). After the step, each buffer is averaged over the replicas, which saw different
+data.
 """
 from contextlib import contextmanager
-from functools import cached_property
 
-from mindspore import ops
+import mindspore as ms
+from mindspore import nn, ops
 
-__all__ = ["BatchNorm", "average_buffers", "refuse_deferred"]
+__all__ = ["Buffers", "buffers_of", "buffers_kept", "average_buffers", "refuse_deferred"]
 
 
-class BatchNorm:
-    """Chunk feature: `buffers` kept through every backward piece (B, I, W)."""
+def buffers_of(layers):
+    """The layers' buffers (untrainable parameters), each once."""
+    return list({id(b): b for layer in layers for b in layer.untrainable_params()}.values())
 
-    @cached_property
-    def buffers(self):
-        return list({id(b): b for layer in self.layers for b in layer.untrainable_params()}.values())
 
-    @contextmanager
-    def buffers_kept(self):
-        """Put the buffers back as they were: the backward runs layers a second time."""
-        before = [b.value().copy() for b in self.buffers]
-        yield
-        for buffer, value in zip(self.buffers, before):
-            ops.assign(buffer, value)        # in place: compiled graphs hold its storage
+class Buffers(nn.Cell):
+    """A chunk's buffers, saved before a backward piece and put back after it."""
 
-    def backward(self, mb, dy=None):
-        with self.buffers_kept():
-            return super().backward(mb, dy)
+    def __init__(self, buffers):
+        super().__init__(auto_prefix=False)
+        self.values = ms.ParameterTuple(buffers)
 
-    def backward_input(self, mb, dy=None):
-        with self.buffers_kept():
-            return super().backward_input(mb, dy)
+    def save(self):
+        """A copy of each buffer's value now."""
+        copies = ()
+        for buffer in self.values:
+            copies = copies + (ops.deepcopy(buffer.value()),)
+        return copies
 
-    def backward_weight(self, mbs):
-        with self.buffers_kept():
-            super().backward_weight(mbs)
+    def put_back(self, copies, after):
+        """Each buffer assigned its saved copy, in place (compiled graphs hold its storage),
+        once `after` (what the backward piece computed) is done."""
+        for buffer, copy in zip(self.values, copies):
+            ops.assign(buffer, ops.depend(copy, after))
+        return after
+
+
+@contextmanager
+def buffers_kept(chunk):
+    """Run the body, then put the chunk's buffers back as they were (the check before the
+    first step runs forwards that must move nothing)."""
+    copies = chunk.kept_buffers.save()
+    yield
+    chunk.kept_buffers.put_back(copies, copies)
 
 
 def average_buffers(wire, buffers, replica_ranks):

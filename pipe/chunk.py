@@ -1,73 +1,111 @@
-"""The chunk pipe runs: core's (pipe.core.chunk) with every layer feature plugged in.
+"""The chunk pipe runs: one virtual stage's layers and the compiled cells that run them.
 
-Each feature overrides a seam of core's chunk and calls core through `super()`:
-dropout masks (pipe.dropout), ReLU keeping its output (pipe.relu), the split backward's
-I and W (pipe.split_backward), batch norm's buffers (pipe.batchnorm), float16 compute
-(pipe.precision), and with `RecomputedChunk` activation recomputation (pipe.recompute).
-The loss a backward starts from is `loss_fn`'s scalar or the sum of its (sum, count)
-(pipe.normalized_loss).
+A chunk holds no step's state (pipe.actions keeps what is in flight). It is its layers,
+their parameters and buffers, and the compiled cells the action handlers call: F
+(`forward_cell`), B (`backward_cell`), I and W (`input_grad_cell`, `weight_grad_cell`:
+pipe.split_backward) and forward-only inference (`infer_cell`), all built from core's
+cells (pipe.core.chunk). Which piece runs layer i is chosen in one place, `forward_piece`
+and `backward_piece`, a list of guards: a ReLU that keeps a float32 input in fp16
+(pipe.precision), a dropout keeping its mask (pipe.dropout), a ReLU keeping its output
+(pipe.relu), else the layer keeping its input; the model's last layer in fp16 hands the
+loss float32 logits. The loss a backward starts from is `loss_fn`'s scalar or the sum of
+its (sum, count) (pipe.normalized_loss).
 """
 import mindspore as ms
+from mindspore import nn
 
-from pipe.batchnorm import BatchNorm
-from pipe.core import chunk as core
-from pipe.core.chunk import arguments
-from pipe.dropout import Dropout
-from pipe.memory import Held
+from pipe import dropout, relu
+from pipe.batchnorm import Buffers, buffers_of
+from pipe.core.chunk import Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions, leaves
+from pipe.dropout import Masks, is_dropout
 from pipe.normalized_loss import LossTerm
-from pipe.precision import MixedPrecision, to_half
+from pipe.precision import GradAsFloat16, LogitsAsFloat32, keeps_float32_input, to_half
 from pipe.predict import Infer
-from pipe.recompute import Recompute
-from pipe.relu import ReluKeepsOutput
-from pipe.split_backward import SplitBackward, split_cells
+from pipe.relu import is_relu
+from pipe.split_backward import split_cells
 
-__all__ = ["Chunk", "RecomputedChunk"]
+__all__ = ["Chunk"]
 
 
-class Chunk(BatchNorm, SplitBackward, MixedPrecision, Dropout, ReluKeepsOutput,
-            core.Chunk):
+class Chunk:
     """`first_layer` is the chunk's place in the whole model: `named[k]`, (layer of the
     model, leaf within it) of leaf layer k, names its dropout masks and its errors.
     `half`: its layers compute in float16 (pipe.precision)."""
 
-    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0, first_layer=0,
-                 half=False):
+    def __init__(self, layers, loss_fn=None, is_first=True, first_layer=0, half=False):
         self.named = [(first_layer + i, j) for i, layer in enumerate(layers)
-                      for j in range(len(core.leaves([layer])))]
-        self.half = half
-        super().__init__(layers, None if loss_fn is None else LossTerm(loss_fn), is_first, grad_scale)
-        if half:
-            to_half(self.layers)
+                      for j in range(len(leaves([layer])))]
+        self.layers = leaves(layers)
+        self.params = list({id(p): p for layer in self.layers
+                            for p in layer.trainable_params()}.values())
+        self.buffers = buffers_of(self.layers)
+        self.is_first, self.is_last, self.half = is_first, loss_fn is not None, half
+        self.loss_fn = None if loss_fn is None else LossTerm(loss_fn)
+        pieces = [self.forward_piece(i) for i in range(len(self.layers))]
+        self.residual_of = [sum(p.residual_count for p in pieces[:i]) for i in range(len(pieces))]
+        self.forward_cell = Forward(pieces, self.loss_fn)
+        self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
         self.input_grad_cell, self.weight_grad_cell = split_cells(self)
         self.infer_cell = Infer(self.layers)
-        self.memory = {"held": 0, "peak": 0}          # bytes in flight, now and at most
-        self.batch_shapes = None                      # this step's micro-batch shapes (the engine's)
-        self.applied_scale = grad_scale               # grad_scale's value, on the host
-        self.residuals = Held(self.memory, lambda: self.batch_shapes)    # (pipe.memory)
-        self.waiting = Held(self.memory, lambda: self.batch_shapes)
+        self.kept_buffers = Buffers(self.buffers)      # saved and put back around a backward
+        self.masks = Masks(self.layers, self.named)    # dropout's, per input spec
+        self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
+        self.training = None                           # the mode the layers are in
+        if half:
+            to_half(self.layers)
 
-    def start_step(self, grad_scale, draws, batch_shapes):
-        """A step starts: its loss gradient's scale (pipe.engine.loss_weight, x S in fp16),
-        its dropout masks' draws, its micro-batch shapes; gradient sums start anew."""
-        if self.applied_scale != grad_scale:
-            self.grad_scale, self.applied_scale = ms.Tensor(grad_scale, ms.float32), grad_scale
-        self.draws, self.batch_shapes = draws, batch_shapes
-        self.zero_grads()
+    def is_logits_layer(self, i):
+        return self.half and self.is_last and i == len(self.layers) - 1
+
+    def forward_piece(self, i):
+        """Layer i as the forward runs it: (x, masks) -> (output, what its backward keeps)."""
+        layer = self.layers[i]
+        if self.half and keeps_float32_input(self.layers, i):
+            piece = KeepInput(layer)
+        elif is_dropout(layer):
+            piece = dropout.forward_piece(self.layers, i)
+        elif is_relu(layer):
+            piece = relu.forward_piece(self.layers, i)
+        else:
+            piece = KeepInput(layer)
+        return LogitsAsFloat32(piece) if self.is_logits_layer(i) else piece
+
+    def backward_piece(self, i, input_grad, make=LayerGrad):
+        """Layer i's backward: (its residual, dy) -> (dx, weight grads); `make` differentiates
+        a layer at its kept input (LayerGrad for B, LayerInputGrad for I)."""
+        layer = self.layers[i]
+        if self.half and keeps_float32_input(self.layers, i):
+            grad = make(layer, input_grad)
+        elif is_dropout(layer):
+            grad = dropout.backward_piece(layer)
+        elif is_relu(layer):
+            grad = relu.backward_piece()
+        else:
+            grad = make(layer, input_grad)
+        return GradAsFloat16(grad) if self.is_logits_layer(i) else grad
+
+    def layer_grads(self, input_grad, make=LayerGrad):
+        """Every layer's backward, last first, each knowing its residual's index."""
+        grads = [self.backward_piece(i, input_grad or i > 0, make) for i in range(len(self.layers))]
+        for grad, index in zip(grads, self.residual_of):
+            grad.residual = index
+        return grads[::-1]
+
+    def set_mode(self, training):
+        if self.training != training:
+            for layer in self.layers:
+                layer.set_train(training)
+            self.training = training
+
+    def labels(self, labels):
+        return self.no_labels if labels is None else labels
 
     @property
     def state(self):
         """What a checkpoint holds of this chunk: parameters, then buffers."""
         return self.params + self.buffers
 
-    @property
-    def peak_bytes(self):
-        return self.memory["peak"]
-
     def infer(self, x):
         """Forward only, in eval mode, keeping nothing: the model's output on the last chunk."""
         self.set_mode(False)
         return self.infer_cell(*arguments(x))
-
-
-class RecomputedChunk(Recompute, Chunk):
-    """A chunk whose micro-batches in flight keep only their input."""

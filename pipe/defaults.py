@@ -19,8 +19,8 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   faster at every size measured (4 to 275 GFLOP per action). With messages between stages
   in fp32, where an action is long enough to hide the host, it measured slower (the large
   MLP on 2 GPUs, 69 GFLOP per action: 110 against 85 ms), so there pipe keeps the
-  per-action loop. What needs the host between actions (buffers, recompute) runs in the
-  loop.
+  per-action loop. Both ways run the same handlers (pipe.actions), so every feature
+  runs in either.
 """
 import math
 
@@ -60,12 +60,8 @@ def is_composite(layer):
     return type(layer) is not nn.Dense and bool(layer.trainable_params())
 
 
-def choose_graph(config, buffers, flops):
+def choose_graph(config, flops):
     """(whether to run the step as one graph, why); `flops`: the most any action computes."""
-    needs_loop = [(config.recompute, "recompute"), (buffers, "batch norm")]
-    for needed, what in needs_loop:
-        if needed:
-            return False, f"the per-action loop ({what} needs the host between actions)"
     if config.precision == "fp16":
         return True, "one graph per step (fp16: the weights are cast once per step, not per action)"
     if flops < HOST_BOUND_FLOPS:

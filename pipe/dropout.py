@@ -5,21 +5,21 @@ generator: how a sample is dropped then depends on how the batch was cut into mi
 and in which order they ran, and pipe's backward, which runs a layer again, would draw
 another. Here a dropout layer's mask for a whole step is a function of the seed, the step
 number, the layer's place in the whole model and the sample's row in the global batch; a
-micro-batch takes its rows of it. The forward takes the masks as the chunk's `extras` and
-keeps each dropout's mask instead of its input; the backward multiplies by the same mask.
-One process, 4 stages x 2 replicas and any number of micro-batches drop the same units.
+micro-batch takes its rows of it. The forward takes the masks as an input (drawn on the
+host, for the loop and the step's graph alike) and keeps each dropout's mask instead of its
+input; the backward multiplies by the same mask. One process, 4 stages x 2 replicas and
+any number of micro-batches drop the same units.
 """
 from dataclasses import dataclass
-from functools import cached_property
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import LayerGrad, arguments
+from pipe.core.chunk import arguments
 from pipe.core.wire import spec_of
 
-__all__ = ["MaskDraw", "Dropout", "draws"]
+__all__ = ["MaskDraw", "Masks", "draws", "is_dropout", "forward_piece", "backward_piece"]
 
 
 @dataclass(frozen=True)
@@ -72,50 +72,48 @@ def is_dropout(layer):
     return type(layer) is nn.Dropout
 
 
-class Dropout:
-    """Chunk feature: each nn.Dropout layer takes its mask from the chunk's `extras`, drawn
-    from `draws[mb]` (the engine sets this step's) or, with no draw, keeping every unit.
-    Needs `named[k]`, leaf layer k's place in the whole model, which names its masks."""
+def forward_piece(layers, i):
+    """An nn.Dropout as the forward runs it: its mask taken from the masks given."""
+    return KeepMask(layers[i], sum(map(is_dropout, layers[:i])))
 
-    draws = ()
 
-    @cached_property
-    def mask_shapes(self):
-        """Input spec -> each layer's input shape (found once per spec)."""
-        return {}
+def backward_piece(layer):
+    return MaskGrad(layer)
 
-    def keeps(self, i):
-        if is_dropout(self.layers[i]):
-            return KeepMask(self.layers[i], sum(map(is_dropout, self.layers[:i])))
-        return super().keeps(i)
 
-    def layer_grad(self, i, input_grad, make=LayerGrad):
-        if is_dropout(self.layers[i]):
-            return MaskGrad(self.layers[i])
-        return super().layer_grad(i, input_grad, make)
+class Masks:
+    """A chunk's dropout masks: for an input of a spec it has seen (`learn`), each dropout
+    layer's mask of a draw, in layer order. `named[k]`, leaf layer k's place in the whole
+    model, names its masks."""
 
-    def extras(self, mb, x):
+    def __init__(self, layers, named):
+        self.layers, self.named = layers, named
+        self.shapes = {}                 # input spec -> each layer's input shape (None: no dropout)
+
+    def learn(self, x):
+        """Every layer's input shape for an input like `x`: one eager pass in eval mode
+        (nothing moves), then the layers back in training mode. Returns the masks that
+        keep every unit."""
         spec = spec_of(x)
-        if spec not in self.mask_shapes:
-            self.mask_shapes[spec] = self._input_shapes(x)
-        return self.masks(spec, self.draws[mb] if mb is not None and self.draws else None)
+        if spec not in self.shapes:
+            self.shapes[spec] = self._input_shapes(x) if any(map(is_dropout, self.layers)) else None
+        return self.of(spec)
 
-    def masks(self, spec, draw):
-        """The dropout layers' keep masks, in layer order, for an input of `spec` that this
-        chunk has seen. `draw` None keeps every unit."""
-        shapes = self.mask_shapes.get(spec)
+    def of(self, spec, draw=None):
+        """The dropout layers' keep masks for an input of `spec` (learned); `draw` None
+        keeps every unit."""
+        shapes = self.shapes.get(spec)
         return tuple(ops.ones(shapes[k], ms.float32) if draw is None else
                      draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)
                      for k, layer in enumerate(self.layers) if is_dropout(layer))
 
     def _input_shapes(self, x):
-        """Every layer's input shape, from one eager pass in eval mode (nothing moves)."""
-        if not any(map(is_dropout, self.layers)):
-            return None
         shapes = []
-        self.set_mode(False)
+        for layer in self.layers:
+            layer.set_train(False)
         for layer in self.layers:
             shapes.append(getattr(x, "shape", None))    # (a tuple: no dropout takes it)
             x = layer(*arguments(x))
-        self.set_mode(True)
+        for layer in self.layers:
+            layer.set_train(True)
         return shapes

@@ -6,8 +6,8 @@
 Every rank builds the same full model (same seed) or, given layer builders, only its own
 layers (pipe.builders); it keeps its stage's layers (pipe.layout) and walks its list of
 schedule actions (pipe.schedules): F, B, I, W and the messages between them, one call
-each, or with `one_graph` all of them as one compiled graph (pipe.step_graph).
-`train_step` reads top to bottom; each feature is a line of it or a guard.
+each (pipe.actions), or with `one_graph` the same handlers traced into one compiled graph
+(pipe.step_graph). `train_step` reads top to bottom; each feature is a line of it or a guard.
 """
 import math
 import os
@@ -18,6 +18,7 @@ from dataclasses import replace
 import mindspore as ms
 
 from pipe import checkpoint, predict
+from pipe.actions import Actions
 from pipe.batchnorm import average_buffers
 from pipe.clip import clip_by_global_norm
 from pipe.core.engine import Engine, as_tensor, split
@@ -26,9 +27,9 @@ from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
 from pipe.dropout import draws
 from pipe.handshake import StageCheck, agreed
 from pipe.layout import plan
+from pipe.memory import Memory
 from pipe.normalized_loss import TokenCount, loss_sum
 from pipe.precision import LossScaler
-from pipe.schedules import micro_batches_of
 from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.tied import fold_repeats, sum_gradients
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
@@ -57,7 +58,7 @@ class PipelineEngine(Engine):
                                                          f"pipe-compile-rank{wire.rank}"))
         self.sample, self.loss_fn = sample, loss_fn
         super().__init__(model, loss_fn, make_optimizer, config, wire)
-        self.update_in_graph = False     # (set with one_graph: self.run_as)
+        self.one_graph = self.update_in_graph = None   # how steps run (run_as; pipe's choice: choose)
         if config.one_graph is not None:
             self.run_as(config.one_graph)
         self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
@@ -66,12 +67,14 @@ class PipelineEngine(Engine):
         self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
         self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
         self.predicting = {}             # predict's batch shapes -> (messages, output spec)
-        self.graphs = {}                 # batch shapes -> the step as one graph (one_graph)
+        self.loops = {}                  # batch shapes -> the handlers, run one by one
+        self.graphs = {}                 # batch shapes -> the same handlers as one graph
         self.one = ms.Tensor(1.0, ms.float32)   # the step graph's 1 / S in fp32
+        self.scale = None                # (value, tensor): the loss gradient's scale
+        self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
             if config.precision == "fp16" else None     # (pipe.precision)
-        self.handlers.update({"I": self.backward_input, "W": self.backward_weight})
 
     def build(self, model, loss_fn):
         self.layout = plan(model, loss_fn, self.config, self.wire, self.sample, self.left)
@@ -84,12 +87,12 @@ class PipelineEngine(Engine):
         self.step += 1
         if batch.shapes not in self.links:            # new shapes: the stages agree on them
             self.agree_shapes(batch)
-        self.p2p = self.links[batch.shapes]
         weight = self.loss_weight(batch)              # what each micro-batch's loss counts
         scale = weight * (self.scaler.value if self.scaler else 1.0)   # fp16: x the loss scale S
-        for chunk in self.chunks:                     # sums start anew; this step's masks
-            chunk.start_step(scale, draws(self.config, batch, self.step), batch.shapes)
-        losses, grads, overflowed = self.run_actions(batch)   # F, B, I, W and messages
+        masks = self.dropout_masks(batch, self.links[batch.shapes])    # this step's, per unit
+        for chunk in self.chunks:                     # (predict puts them in eval mode)
+            chunk.set_mode(True)
+        losses, grads, overflowed = self.run_actions(batch, masks, self.scale_tensor(scale))
         if not self.update_in_graph:
             self.update_weights(grads)
         elif self.scaler:                             # the graph stepped, unless it overflowed
@@ -109,23 +112,34 @@ class PipelineEngine(Engine):
                              "token mean (sum / count) is undefined; leave such batches out")
         return 1.0 / total
 
-    def run_actions(self, batch):
-        """This rank's actions, one by one or as one graph: (its losses' sum, the summed
-        weight gradients of its chunks, in order (none when the graph stepped), whether
-        the graph found a gradient overflowed (fp16 stepping inside it))."""
-        if not self.config.one_graph:    # (execute: one handler per action, each watched)
-            self.execute(self.schedule, batch, self.handlers)
-            return loss_sum(batch.outputs), tuple(g for chunk in self.chunks for g in chunk.grads), None
+    def run_actions(self, batch, masks, scale):
+        """This rank's actions, by the same handlers (pipe.actions) one by one or as one
+        graph: (its losses' sum, the summed weight gradients of its chunks, in order (none
+        when the graph stepped), whether the graph found a gradient overflowed (fp16
+        stepping inside it))."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        graph = self.graphs[batch.shapes]
+        if not self.one_graph:           # one handler per action, each watched
+            actions = self.loops[batch.shapes]
+            state = actions.start(self.memory.store("kept", batch.shapes),
+                                  self.memory.store("waiting", batch.shapes))
+            data = (batch.inputs, batch.labels, masks, scale)
+            for i, action in enumerate(actions.program):
+                with self.around(self.schedule, i):
+                    state = actions.run(state, action, data)
+            summed = actions.summed(state)
+            return loss_sum(state["losses"]), tuple(g for grads in summed for g in grads), None
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, grads, done, overflow = graph(*replica_rows(batch), self.dropout_masks(
-                batch, self.p2p), self.chunks[0].grad_scale, self.inverse_scale())
+            losses, summed, done, overflow = self.graphs[batch.shapes](
+                *replica_rows(batch), masks, scale, self.inverse_scale())
             done.asnumpy()               # waits inside the watch: a failed message is this step's
-        for chunk, summed in zip(self.chunks, grads):   # (as the loop leaves them)
-            chunk.grads = summed
         overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
-        return losses, tuple(g for summed in grads for g in summed), overflowed
+        return losses, tuple(g for grads in summed for g in grads), overflowed
+
+    def scale_tensor(self, value):
+        """The loss gradient's scale as a tensor, made anew only when it changes."""
+        if self.scale is None or self.scale[0] != value:
+            self.scale = value, ms.Tensor(value, ms.float32)
+        return self.scale[1]
 
     def inverse_scale(self):
         """1 / S, as the step's graph takes it (1 in fp32)."""
@@ -168,11 +182,17 @@ class PipelineEngine(Engine):
         return loss
 
     def dropout_masks(self, batch, p2p, drawn=True):
-        """Each micro-batch's dropout masks for each chunk, as the loop draws them (`drawn`
-        off: keeping every unit, for their shapes)."""
+        """Each micro-batch's dropout masks for each chunk, micro-batch first (pipe.dropout;
+        `drawn` off: keeping every unit, for their shapes)."""
+        step = draws(self.config, batch, self.step) if drawn else [None] * len(batch.cut)
         held = self.layout.virtual_stages_held
-        return tuple(chunk.masks(p2p.specs[vs], chunk.draws[m] if drawn else None)
+        return tuple(chunk.masks.of(p2p.specs[vs], step[m])
                      for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
+
+    @property
+    def peak_bytes(self):
+        """The most activation bytes the loop held in flight at once (pipe.memory)."""
+        return self.memory.peak
 
     def execute(self, schedule, batch, handlers):
         self.watch.begin(schedule)
@@ -186,13 +206,6 @@ class PipelineEngine(Engine):
 
     def span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()
-
-    def backward_input(self, action, batch):     # I: the input gradient only
-        chunk = self.chunks[action.chunk]
-        self.hand_on(action, chunk.backward_input(action.mb, self.take(action, batch)), batch)
-
-    def backward_weight(self, action, batch):    # W: one micro-batch, or all (deferred)
-        self.chunks[action.chunk].backward_weight(micro_batches_of(self.schedule, action))
 
     # ---- before a step on new shapes ----------------------------------------------------
     def agree_shapes(self, batch, training=True):
@@ -210,8 +223,10 @@ class PipelineEngine(Engine):
         self.token_counts[batch.shapes] = TokenCount(self.loss_fn, self.output_spec) if counted else None
         if self.left:                    # once: what the config left to pipe
             self.choose(p2p)
-        if self.config.one_graph:
+        if self.one_graph:
             self.build_graph(batch, p2p)
+        else:
+            self.loops[batch.shapes] = Actions(self.layout, p2p, compiled=False)
         return p2p
 
     def build_graph(self, batch, p2p):
@@ -220,18 +235,18 @@ class PipelineEngine(Engine):
         any message (the rank where it failed raises the compiler's error, the others name
         that rank). Alone, its first call compiles it; nothing can wait on it."""
         stepping = self.update_in_graph
-        graph = StepGraph(self.layout, p2p, self.update if stepping else None,
+        graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
                           self.scaler.unscale_cell if stepping and self.scaler else None)
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.compile(*replica_rows(batch), self.dropout_masks(
-                batch, p2p, drawn=False), self.chunks[0].grad_scale, self.inverse_scale()),
+                batch, p2p, drawn=False), self.one, self.inverse_scale()),
                 "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):
-        """Run each step as one graph or action by action; with one graph and nothing to
-        all-reduce, the optimizer steps inside the graph."""
-        self.config.one_graph = one_graph
+        """Run each step as one graph or action by action (the config keeps what the user
+        set); with one graph and nothing to all-reduce, the optimizer steps inside the graph."""
+        self.one_graph = one_graph
         self.update_in_graph = one_graph and updates_in_graph(self.layout)
 
     def choose(self, p2p):
@@ -241,7 +256,7 @@ class PipelineEngine(Engine):
         if "one_graph" in self.left:
             specs = [p2p.specs[vs] for vs in self.layout.virtual_stages_held]
             flops = most_of(self.wire, action_flops(self.chunks, specs))
-            one_graph, why = choose_graph(self.config, self.layout.any_buffers, flops)
+            one_graph, why = choose_graph(self.config, flops)
             self.run_as(one_graph)
             choices.append(why)
         self.left = []

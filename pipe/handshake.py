@@ -19,6 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
+from pipe.batchnorm import buffers_kept
 from pipe.core.chunk import arguments, variable
 from pipe.core.wire import DTYPES, HEADER, Parts, carrier, elements, example, read_header, spec_of, write_header
 from pipe.normalized_loss import check_count, is_counted
@@ -27,6 +28,7 @@ from pipe.watchdog import PeerFailed, first_line
 __all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
 
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
+ONE = ms.Tensor(1.0, ms.float32)              # the loss gradient's scale a check runs with
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
@@ -62,10 +64,9 @@ def probe(chunk, x, labels, training=True, runs=2):
     if not training:
         return spec_of(chunk.infer(x)), False
     labels = chunk.labels(labels)
-    with chunk.buffers_kept():
-        masks = chunk.extras(None, x)
-        runs = [chunk.forward_cell(variable(x), labels, chunk.grad_scale, masks)[0]
-                for _ in range(runs)]
+    with buffers_kept(chunk):
+        masks = chunk.masks.learn(x)     # (keeping every unit)
+        runs = [chunk.forward_cell(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
     if not _same(runs[0], runs[-1]):
         raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
                           "of its forward on the same input differ, and pipe's backward "
@@ -82,7 +83,7 @@ def probe(chunk, x, labels, training=True, runs=2):
 
 def _random_layer(chunk, x):
     """The first layer whose output differs between two eager runs on the same input."""
-    with chunk.buffers_kept():
+    with buffers_kept(chunk):
         for k, layer in enumerate(chunk.layers):
             y = layer(*arguments(x))
             if type(layer) is not nn.Dropout and not _same(y, layer(*arguments(x))):
@@ -104,7 +105,7 @@ def locate_failure(chunk, x, labels):
     (k, what, its exception) for leaf layer k, or k = len(layers) for the loss; None
     when every piece runs alone (the failure is in compiling them together)."""
     chunk.set_mode(True)
-    with chunk.buffers_kept():
+    with buffers_kept(chunk):
         for k, layer in enumerate(chunk.layers):
             try:
                 y = layer(*arguments(x))

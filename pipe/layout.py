@@ -13,7 +13,7 @@ from functools import cached_property
 
 from pipe.batchnorm import refuse_deferred
 from pipe.builders import LayerBuilders
-from pipe.chunk import Chunk, RecomputedChunk
+from pipe.chunk import Chunk
 from pipe.defaults import choose_defer, is_composite, most_of
 from pipe.core.place import Topology
 from pipe.handshake import agreed
@@ -21,10 +21,9 @@ from pipe.partition import check_model, partition, stage_bounds, timed_costs
 from pipe.precision import check_layer_precision
 from pipe.predict import forward_only
 from pipe.simulator import checked_schedule
-from pipe.step_graph import check_supported
 from pipe.tied import tied_weights
 
-__all__ = ["Layout", "build_layout", "plan", "check_exact", "distinct_params"]
+__all__ = ["Layout", "build_layout", "plan", "distinct_params"]
 
 
 @dataclass
@@ -94,14 +93,6 @@ def distinct_params(chunks):
     return list({id(p): p for chunk in chunks for p in chunk.params}.values())
 
 
-def check_exact(config, buffers):
-    """Refuse what would not train exactly with layers holding `buffers` (batch norm's
-    statistics): the step as one graph, and weight gradients deferred to the flush."""
-    if config.one_graph:
-        check_supported(config, buffers)
-    refuse_deferred(config, buffers)
-
-
 def plan(model, loss_fn, config, wire, sample=None, left=()):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
@@ -115,7 +106,7 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
                              "partition='uniform' or explicit layer counts per stage")
     else:
         check_model(model)
-        check_exact(config, model.untrainable_params())   # every rank, whole model: all refuse
+        refuse_deferred(config, model.untrainable_params())   # every rank, whole model: all refuse
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
@@ -133,9 +124,7 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
 
 
 def build_layout(model, loss_fn, config, rank, costs):
-    """The chunks of `rank`, split by `costs` (a partition method or measured layer costs).
-    Each chunk scales its loss gradient by 1/(M x D): the gradients summed over M
-    micro-batches and D replicas are then the mini-batch mean."""
+    """The chunks of `rank`, split by `costs` (a partition method or measured layer costs)."""
     topo = Topology(config.stages, config.data_parallel)
     if isinstance(model, LayerBuilders):
         model.build_tied()
@@ -143,20 +132,17 @@ def build_layout(model, loss_fn, config, rank, costs):
     schedule = checked_schedule(config.schedule, P, M, v, bool(config.defer_wgrad))
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, P, costs, chunks=v)
-    scale = 1.0 / (M * config.data_parallel)
     chunks, bounds, names = [], [], []
-    kind = RecomputedChunk if config.recompute else Chunk
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)
         layers, chunk_names = partition(model, all_bounds[vs])
         for i, layer in enumerate(layers, all_bounds[vs][0]):
             check_layer_precision(i, layer, config.precision)
-        chunks.append(kind(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                           grad_scale=scale, first_layer=all_bounds[vs][0],
-                           half=config.precision == "fp16"))
+        chunks.append(Chunk(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
+                            first_layer=all_bounds[vs][0], half=config.precision == "fp16"))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
-    check_exact(config, [b for chunk in chunks for b in chunk.buffers])
+    refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names

@@ -1,7 +1,7 @@
-"""How many bytes of activations a chunk holds in flight, and the most it held at once."""
+"""How many bytes of activations a rank holds in flight, and the most it held at once."""
 import mindspore as ms
 
-__all__ = ["Held"]
+__all__ = ["Memory", "Held"]
 
 
 def _tensors(entry):
@@ -10,31 +10,40 @@ def _tensors(entry):
     return [entry] if isinstance(entry, ms.Tensor) else []
 
 
-class Held(dict):
-    """A chunk's store of micro-batches in flight (`residuals`, `waiting`), adding their bytes
-    to `counter` ({"held", "peak"}, shared by a chunk's stores).
+class Memory:
+    """Bytes held now and at most, over a rank's stores of what waits for a backward piece.
 
     Reading a just-made tensor's shape waits for the operator that makes it: on every action
-    that cost the host 0.7-2.7 ms per step of the small MLP on one H200. An entry's shapes follow
-    from the step's micro-batch shapes (`batch_shapes()`, which the engine sets each step),
-    so its bytes are read once per those shapes and micro-batch (None: read every time)."""
+    that cost the host 0.7-2.7 ms per step of the small MLP on one H200. An entry's shapes
+    follow from the step's micro-batch shapes, so its bytes are read once per those shapes,
+    store and key (`sizes`)."""
 
-    def __init__(self, counter, batch_shapes):
+    def __init__(self):
+        self.held = self.peak = 0
+        self.sizes = {}
+
+    def store(self, name, batch_shapes):
+        """A step's store `name` (its entries counted here), for micro-batches of `batch_shapes`."""
+        return Held(self, (name, batch_shapes))
+
+
+class Held(dict):
+    """A step's store of entries in flight by key, adding their bytes to `memory`; an entry
+    set to None (taken: pipe.actions.take) gives its bytes back."""
+
+    def __init__(self, memory, name):
         super().__init__()
-        self.counter, self.batch_shapes, self.sizes = counter, batch_shapes, {}
+        self.memory, self.name = memory, name
 
-    def _bytes(self, mb, entry):
-        key = (self.batch_shapes(), mb)
-        if key[0] is None or key not in self.sizes:
-            self.sizes[key] = sum(t.nbytes for t in _tensors(entry))
-        return self.sizes[key]
+    def _bytes(self, key, entry):
+        if entry is None:
+            return 0
+        where = (self.name, key)
+        if where not in self.memory.sizes:
+            self.memory.sizes[where] = sum(t.nbytes for t in _tensors(entry))
+        return self.memory.sizes[where]
 
-    def __setitem__(self, mb, entry):
-        super().__setitem__(mb, entry)
-        self.counter["held"] += self._bytes(mb, entry)
-        self.counter["peak"] = max(self.counter["peak"], self.counter["held"])
-
-    def pop(self, mb):
-        entry = super().pop(mb)
-        self.counter["held"] -= self._bytes(mb, entry)
-        return entry
+    def __setitem__(self, key, entry):
+        self.memory.held += self._bytes(key, entry) - self._bytes(key, self.get(key))
+        self.memory.peak = max(self.memory.peak, self.memory.held)
+        super().__setitem__(key, entry)

@@ -25,10 +25,10 @@ which at float16 speed is a large share of a step (benchmarks/log.md section 18)
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import KeepInput, LayerGrad
 from pipe.relu import is_relu
 
-__all__ = ["MixedPrecision", "LossScaler", "to_half", "check_layer_precision"]
+__all__ = ["LossScaler", "LogitsAsFloat32", "GradAsFloat16", "keeps_float32_input", "to_half",
+           "check_layer_precision"]
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -83,30 +83,11 @@ class GradAsFloat16(nn.Cell):
         return self.grad(x, dy.astype(ms.float16))
 
 
-class MixedPrecision:
-    """Chunk feature: with `half`, the model's last layer hands the loss float32 logits and
-    takes back a float16 gradient (the layers themselves are cast by `to_half`); a ReLU
-    whose input may be float32 keeps that input (`relu_keeps_input`)."""
-
-    half = False
-
-    def is_logits_layer(self, i):
-        return self.half and self.is_last and i == len(self.layers) - 1
-
-    def relu_keeps_input(self, i):
-        """A ReLU whose input may be float32 (a batch norm's output, or the chunk's input)
-        keeps it, and autograd differentiates it there: a float32 gradient for a float32
-        input. ReluGrad at its float16 output (pipe.relu) would mix the two dtypes."""
-        return self.half and is_relu(self.layers[i]) and (i == 0 or norms(self.layers[i - 1]))
-
-    def keeps(self, i):
-        kept = KeepInput(self.layers[i]) if self.relu_keeps_input(i) else super().keeps(i)
-        return LogitsAsFloat32(kept) if self.is_logits_layer(i) else kept
-
-    def layer_grad(self, i, input_grad, make=LayerGrad):
-        grad = make(self.layers[i], input_grad) if self.relu_keeps_input(i) else \
-            super().layer_grad(i, input_grad, make)
-        return GradAsFloat16(grad) if self.is_logits_layer(i) else grad
+def keeps_float32_input(layers, i):
+    """In fp16, a ReLU whose input may be float32 (a batch norm's output, or the chunk's
+    input) keeps that input, and autograd differentiates it there: a float32 gradient for
+    a float32 input. ReluGrad at its float16 output (pipe.relu) would mix the two dtypes."""
+    return is_relu(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
 
 
 class Unscale(nn.Cell):

@@ -1,20 +1,20 @@
 """Activation recomputation: a micro-batch in flight keeps only its chunk's input.
 
 The backward runs the forward again to get the layer residuals back: less memory, one
-more forward per micro-batch (Chen et al., 2016; Megatron's full recompute).
+more forward per micro-batch (Chen et al., 2016; Megatron's full recompute). Both halves
+are called by the F and backward handlers (pipe.actions), in the loop and in the graph.
 """
-from pipe.core.chunk import variable
-
-__all__ = ["Recompute"]
+__all__ = ["kept", "restored"]
 
 
-class Recompute:
-    """Chunk feature, through core's `kept` / `restored` seams."""
+def kept(forward_input):
+    """What waits for the backward: the forward's input (x, labels, dropout masks) alone."""
+    return forward_input
 
-    def kept(self, x, labels, extras, residuals, out):
-        return x, labels, extras
 
-    def restored(self, kept):
-        x, labels, extras = kept
-        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, extras)
-        return residuals, out[1] if self.is_last else None
+def restored(forward, forward_input, scale, is_last):
+    """(residuals, the loss gradient to start from or None) again, from the kept input:
+    the chunk's forward cell run a second time, on the same masks."""
+    x, labels, masks = forward_input
+    out, residuals = forward(x, labels, scale, masks)
+    return residuals, out[1] if is_last else None

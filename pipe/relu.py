@@ -11,10 +11,10 @@ a small model's step pays in host time (docs/performance.md).
 from mindspore import nn
 from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU backward
 
-from pipe.core.chunk import KeepInput, LayerGrad
+from pipe.core.chunk import KeepInput
 from pipe.dropout import is_dropout
 
-__all__ = ["ReluKeepsOutput", "is_relu"]
+__all__ = ["is_relu", "forward_piece", "backward_piece"]
 
 
 def is_relu(layer):
@@ -50,18 +50,15 @@ class OutputGrad(nn.Cell):
         return self.relu_grad(dy, y), ()
 
 
-class ReluKeepsOutput:
-    """Chunk feature: an nn.ReLU keeps its output (core's residual indices then point its
-    backward at the next layer's input when it shares it)."""
+def forward_piece(layers, i):
+    """An nn.ReLU as the forward runs it: keeping its output, or nothing when the next
+    layer keeps that output as its input (core's residual indices then point its backward
+    there)."""
+    following = layers[i + 1] if i + 1 < len(layers) else None
+    shares = following is not None and not is_dropout(following)
+    return SharesOutput(layers[i]) if shares else KeepOutput(layers[i])
 
-    def keeps(self, i):
-        if not is_relu(self.layers[i]):
-            return super().keeps(i)
-        following = self.layers[i + 1] if i + 1 < len(self.layers) else None
-        keeps_input = following is not None and not is_dropout(following)
-        return SharesOutput(self.layers[i]) if keeps_input else KeepOutput(self.layers[i])
 
-    def layer_grad(self, i, input_grad, make=LayerGrad):
-        if not is_relu(self.layers[i]):
-            return super().layer_grad(i, input_grad, make)
-        return OutputGrad()
+def backward_piece():
+    """An nn.ReLU's backward: ReluGrad at its kept output."""
+    return OutputGrad()

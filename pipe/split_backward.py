@@ -9,9 +9,9 @@ of all micro-batches at once: one product per layer.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, has_bool, variable
+from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, has_bool
 
-__all__ = ["SplitBackward", "split_cells", "rows_of"]
+__all__ = ["split_cells", "rows_of"]
 
 
 class LayerInputGrad(nn.Cell):
@@ -73,27 +73,10 @@ class WeightGrad(nn.Cell):
 
 
 def split_cells(chunk):
-    """The chunk's I and W cells (built with its other cells, before parameters are named)."""
+    """The chunk's I and W cells (built with its other cells, before parameters are named);
+    what W reads waits in the step's state from a micro-batch's I until its W (pipe.actions)."""
     return (InputGrad(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
             WeightGrad(chunk.layers, chunk.residual_of))
-
-
-class SplitBackward:
-    """Chunk feature: `backward_input` (I) and `backward_weight` (W); what W reads waits
-    in `waiting` from a micro-batch's I until its W."""
-
-    def backward_input(self, mb, dy=None):
-        residuals, start = self.restored(self.residuals.pop(mb))
-        dx, stashed = self.input_grad_cell(variable(start if self.is_last else dy),
-                                           *map(variable, residuals))
-        self.waiting[mb] = tuple(residuals[i] for i in self.weight_grad_cell.inputs) + stashed
-        return dx
-
-    def backward_weight(self, mbs):
-        """W for the micro-batches `mbs`, added to `grads`: with several (a W deferred to
-        the flush), one product per layer over all their rows."""
-        rows = rows_of(tuple(self.waiting.pop(mb) for mb in mbs))
-        self.grads = self.weight_grad_cell(self.accumulators(), *map(variable, rows))
 
 
 def rows_of(entries):

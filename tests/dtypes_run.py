@@ -109,6 +109,7 @@ def pipe_run(spec, communicator):
                             DeadlineWire(120.0, communicator))
     losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]
     engine.save(spec["save"], STEPS)
-    crossing = sorted({str(dtype) for vs, spec in engine.p2p.specs.items() if vs > 0 and spec
+    (p2p,) = engine.links.values()                          # (one batch shape)
+    crossing = sorted({str(dtype) for vs, spec in p2p.specs.items() if vs > 0 and spec
                        for _, dtype in elements(spec)})      # what reached this rank's stages
     return engine, {"losses": losses, "crossing": crossing}

@@ -180,15 +180,21 @@ def pipe_run(spec, communicator):
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)
     held = model_parameters_held() - before if count else None
-    losses, scales = [], []
+    losses, scales, summed = [], [], set()
+    update_weights = engine.update_weights
+
+    def recorded(grads):                 # the step's weight gradient sums, as summed
+        summed.update(str(g.dtype) for g in grads)
+        return update_weights(grads)
+    engine.update_weights = recorded
     for x, y in data:
         losses.append(engine.train_step(x, y))
         scales.append(engine.scaler.value if half else None)
     engine.save(spec["save"], len(data))
-    wire = sorted({str(dtype) for vs, spec in engine.p2p.specs.items()   # between the stages
+    (p2p,) = engine.links.values()                          # (one batch shape)
+    wire = sorted({str(dtype) for vs, spec in p2p.specs.items()   # between the stages
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
-    grads = sorted({str(g.dtype) for chunk in engine.chunks for g in chunk.grads})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
                     "update_in_graph": engine.update_in_graph, "wire_dtypes": wire,
-                    "defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.config.one_graph,
-                    "grad_dtypes": grads}
+                    "defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.one_graph,
+                    "grad_dtypes": sorted(summed)}

@@ -1,15 +1,22 @@
 """One model chunk in one process (no MPI): the hand-written backward is the spec here.
 
-Each check compares `Chunk` with MindSpore differentiating the same layers directly.
+Each check runs a `Chunk` through the action handlers the engine runs (pipe.actions, one
+by one) and compares it with MindSpore differentiating the same layers directly.
 """
+from types import SimpleNamespace
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from pipe.chunk import Chunk, RecomputedChunk
+from pipe.actions import Actions, take
+from pipe.chunk import Chunk
+from pipe.core.schedule import lower, one_f_one_b
 from pipe.dropout import MaskDraw
 from pipe.handshake import probe
+from pipe.memory import Memory
+from pipe.schedules import EVERY
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -44,14 +51,41 @@ def assert_same_backward(dx, grads, layers, x, dy):
         assert_close(got, want)
 
 
-def one_step(stage, x, dy, split=False):
-    stage.zero_grads()
-    stage.forward(0, x)
-    if not split:
-        return stage.backward(0, dy), stage.grads
-    dx = stage.backward_input(0, dy)
-    stage.backward_weight([0])
-    return dx, stage.grads
+ONE = ms.Tensor(1.0, ms.float32)
+OUT, DY, DX = 100, 200, 300       # keys in flight: a micro-batch's output, its gradient, dx
+
+
+def handlers(stage, micro_batches=2, recompute=False):
+    """The handlers of a rank holding `stage` alone, as a middle stage's: its input and
+    output gradient come in flight (keys DY + mb), its output and dx go there."""
+    layout = SimpleNamespace(chunks=[stage], stage=0, schedule=lower(one_f_one_b(1, micro_batches)),
+                             config=SimpleNamespace(recompute=recompute, micro_batches=micro_batches))
+    stage.set_mode(True)                          # (the engine's train_step does this)
+    return Actions(layout, None, compiled=False)
+
+
+def forward(actions, state, mb, x, masks=()):
+    return actions.forward(state, mb, 0, -1, OUT + mb, ({mb: x}, None, {mb: masks}, ONE))
+
+
+def backward(actions, state, mb, dy, kind="B", first_sum=True):
+    state["flight"][DY + mb] = dy
+    data = (None, None, None, ONE)                # (recompute's forward: the kept input)
+    if kind == "B":
+        state = actions.backward(state, mb, 0, DY + mb, DX + mb, int(first_sum), data)
+    else:
+        state = actions.input_grad(state, mb, 0, DY + mb, DX + mb, data)
+    return state, state["flight"][DX + mb]
+
+
+def one_step(stage, x, dy, split=False, recompute=False):
+    """F, then B (or I and W) of one micro-batch: (dx, the chunk's weight gradients)."""
+    actions = handlers(stage, recompute=recompute)
+    state = forward(actions, actions.start({}, {}), 0, x, stage.masks.learn(x))
+    state, dx = backward(actions, state, 0, dy, "I" if split else "B")
+    if split:
+        state = actions.weight_grad(state, 0, 0, 1)
+    return dx, state["grads"][0]
 
 
 def mlp():
@@ -62,8 +96,8 @@ def mlp():
 @pytest.mark.parametrize("mode", ["whole", "split I + W", "recompute"])
 def test_per_layer_backward_equals_differentiating_the_slice(mode):
     layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
-    stage = (RecomputedChunk if mode == "recompute" else Chunk)(layers, is_first=False)
-    dx, grads = one_step(stage, x, dy, split=mode == "split I + W")
+    stage = Chunk(layers, is_first=False)
+    dx, grads = one_step(stage, x, dy, split=mode == "split I + W", recompute=mode == "recompute")
     assert_same_backward(dx, grads, layers, x, dy)
 
 
@@ -73,14 +107,17 @@ def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompu
     the weight gradients autograd gives for their rows stacked, and what waits for W is
     only each weighted layer's input and output gradient (3 Dense: 6 tensors)."""
     layers, x, dy = mlp(), tensor(8, 6), tensor(8, 3)
-    stage = (RecomputedChunk if recompute else Chunk)(layers, is_first=False)
-    stage.zero_grads()
+    stage = Chunk(layers, is_first=False)
+    actions, dxs = handlers(stage, recompute=recompute), []
+    state = actions.start({}, {})
     for mb in (0, 1):
-        stage.forward(mb, x[4 * mb:4 * mb + 4])
-    dxs = [stage.backward_input(mb, dy[4 * mb:4 * mb + 4]) for mb in (0, 1)]
-    assert [len(stage.waiting[mb]) for mb in (0, 1)] == [6, 6]
-    stage.backward_weight([0, 1])
-    assert_same_backward(ops.cat(dxs), stage.grads, layers, x, dy)
+        state = forward(actions, state, mb, x[4 * mb:4 * mb + 4])
+    for mb in (0, 1):
+        state, dx = backward(actions, state, mb, dy[4 * mb:4 * mb + 4], "I")
+        dxs.append(dx)
+    assert [len(state["waiting"][mb]) for mb in (0, 1)] == [6, 6]
+    state = actions.weight_grad(state, EVERY, 0, 1)
+    assert_same_backward(ops.cat(dxs), state["grads"][0], layers, x, dy)
 
 
 RELUS = {"between Dense layers": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)],
@@ -104,10 +141,10 @@ def test_a_dense_relu_pair_keeps_one_tensor():
     assert Chunk(layers).residual_of == [0, 1, 1, 2, 2]
     assert Chunk([nn.Dense(6, 8), nn.ReLU()]).residual_of == [0, 1]              # last: its own
     assert Chunk([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]).residual_of == [0, 1, 2]
-    stage = Chunk(layers, is_first=False)
-    stage.forward(0, tensor(4, 6))
-    assert len(stage.residuals[0][0]) == 3
-    assert stage.peak_bytes == 4 * (4 * 6 + 4 * 8 + 4 * 8)      # inputs of the 3 Dense layers
+    actions, memory = handlers(Chunk(layers, is_first=False)), Memory()
+    state = forward(actions, actions.start(memory.store("kept", None), {}), 0, tensor(4, 6))
+    assert len(state["kept"][0][0]) == 3
+    assert memory.peak == 4 * (4 * 6 + 4 * 8 + 4 * 8)            # inputs of the 3 Dense layers
 
 
 def test_tied_weight_gradients_are_summed():
@@ -130,13 +167,14 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     first, dropout, last = nn.Dense(8, 64), nn.Dropout(p=0.5), nn.Dense(64, 4)
     stage = Chunk([first, dropout, last], is_first=False)
     x, dy = tensor(1, 8), tensor(1, 4)
-    stage.zero_grads()
-    stage.draws = [MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1)]
-    stage.forward(0, x)
-    mask = stage.residuals[0][0][1]                     # what the forward drew
+    stage.masks.learn(x)
+    drawn = stage.masks.of(((1, 8), ms.float32), MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1))
+    actions = handlers(stage)
+    state = forward(actions, actions.start({}, {}), 0, x, drawn)
+    mask = state["kept"][0][0][1]                       # what the forward was given, kept
     assert 0 < mask.asnumpy().sum() < 64
-    dx = stage.backward(0, dy)
-    assert_same_backward(dx, stage.grads, [first, _Apply(lambda h: h * mask * 2.0), last], x, dy)
+    state, dx = backward(actions, state, 0, dy)
+    assert_same_backward(dx, state["grads"][0], [first, _Apply(lambda h: h * mask * 2.0), last], x, dy)
 
 
 class _Apply(nn.Cell):
@@ -167,13 +205,13 @@ def test_batch_norm_statistics_move_once_per_forward_only():
     x, dy = tensor(4, 6), tensor(4, 3)
     assert probe(stage, x, None) == (((4, 3), ms.float32), False)
     assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), [np.zeros(5), np.ones(5)]))
-    stage.zero_grads()
-    stage.forward(0, x)
+    actions = handlers(stage)
+    state = forward(actions, actions.start({}, {}), 0, x)
     twin(layers[0](x))
     after_forward = buffers(stage)
     np.testing.assert_allclose(after_forward[0], twin.moving_mean.asnumpy(), rtol=1e-6)
     np.testing.assert_allclose(after_forward[1], twin.moving_variance.asnumpy(), rtol=1e-6)
-    stage.backward(0, dy)
+    backward(actions, state, 0, dy)
     stage.infer(x)
     assert all(np.array_equal(a, b) for a, b in zip(buffers(stage), after_forward))
 
@@ -212,13 +250,14 @@ def test_infer_runs_in_eval_mode():
 
 def test_held_bytes_are_read_once_per_step_shapes():
     """The engine names each step's micro-batch shapes (pipe.memory reads an entry's bytes
-    once per those): entries of other shapes are counted anew, and popping one gives back
+    once per those): entries of other shapes are counted anew, and taking one gives back
     what it added."""
-    stage = Chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)
+    actions, memory = handlers(Chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)), Memory()
     for rows in (4, 2, 4):
-        stage.batch_shapes = ((rows, 6), (rows,))
-        stage.forward(0, tensor(rows, 6))
-        assert stage.memory["held"] == 4 * rows * (6 + 8)     # the two Dense layers' inputs
-        stage.residuals.pop(0)
-        assert stage.memory["held"] == 0
-    assert stage.peak_bytes == 4 * 4 * (6 + 8)
+        state = actions.start(memory.store("kept", ((rows, 6), (rows,))), {})
+        state = forward(actions, state, 0, tensor(rows, 6))
+        assert memory.held == 4 * rows * (6 + 8)              # the two Dense layers' inputs
+        take(state["kept"], 0)
+        assert memory.held == 0
+    assert memory.peak == 4 * 4 * (6 + 8)
+    assert len(memory.sizes) == 2                             # read once per shapes

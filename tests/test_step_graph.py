@@ -1,13 +1,13 @@
-"""pipe.step_graph: a rank's lowered actions as the constants its one compiled graph
-branches on, and what it refuses (in process; tests/test_transparency.py trains with it)."""
+"""pipe.step_graph: a rank's lowered actions as the constants its handlers branch on
+(pipe.actions.encode), and the loop and the graph training the same bits (in process;
+tests/test_transparency.py trains with it on several ranks)."""
 import pytest
 from mindspore import nn
 
 from pipe.config import PipelineConfig
-from pipe.layout import build_layout
 from pipe.core.schedule import lower
 from pipe.schedules import EVERY, make_schedule
-from pipe.step_graph import B, F, I, RECV, SEND, W, encode
+from pipe.actions import B, F, I, RECV, SEND, W, encode
 
 
 def test_1f1b_two_stages_as_constants():
@@ -36,23 +36,37 @@ def test_the_turn_of_a_v_stays_on_its_stage():
     assert [e[5] for e in program if e[0] == W] == [1, 1, 0, 0]   # the first W of each chunk starts
 
 
-def layout_of(layers, **config):
-    config = PipelineConfig(stages=1, micro_batches=2, batch_size=4, one_graph=True, **config)
-    return build_layout(nn.SequentialCell(layers), nn.MSELoss(), config, 0, "uniform")
-
-
-@pytest.mark.parametrize("layers,config,message", [
-    ([nn.Dense(4, 4), nn.BatchNorm1d(4), nn.Dense(4, 2)], {},
-     "one_graph cannot run layers with buffers (batch norm): their statistics are restored "
-     "on the host after each backward; turn one_graph off"),
-    ([nn.Dense(4, 4), nn.Dense(4, 2)], {"recompute": True},
-     "one_graph cannot recompute activations (the backward's second forward is not in the "
-     "graph); turn recompute or one_graph off"),
-])
-def test_what_needs_the_host_between_actions_is_refused(layers, config, message):
-    with pytest.raises(ValueError) as err:
-        layout_of(layers, **config)
-    assert str(err.value) == message
+@pytest.mark.parametrize("features", ["batch norm", "recompute", "batch norm, recompute, dropout"])
+def test_what_the_loop_runs_one_graph_runs_bitwise(features):
+    """The loop and the graph run the same handlers (pipe.actions): batch norm's buffers
+    put back after each backward piece, recompute's second forward, dropout's masks: one
+    stage, 1F1B over 4 micro-batches, Adam stepping in the graph, weights, buffers and
+    losses bit for bit the loop's."""
+    import mindspore as ms
+    import numpy as np
+    from pipe.engine import PipelineEngine
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32))
+               for _ in range(3)]
+    runs = []
+    for one_graph in (False, True):
+        ms.set_seed(5)
+        layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)]
+        if "batch norm" in features:
+            layers[1:1] = [nn.BatchNorm1d(8)]
+        if "dropout" in features:
+            layers[-1:-1] = [nn.Dropout(p=0.5)]
+        config = PipelineConfig(micro_batches=4, batch_size=8, one_graph=one_graph, defer_wgrad=False,
+                                recompute="recompute" in features)
+        engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+            sparse=True, reduction="mean"), lambda params: nn.Adam(params, 1e-2), config)
+        losses = [engine.train_step(x, y) for x, y in batches]
+        runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
+    assert engine.update_in_graph
+    (losses, loop), (graph_losses, graph) = runs
+    assert len(loop) == (8 if "batch norm" in features else 4)       # + gamma, beta, mean, variance
+    assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
 
 
 def test_a_deferred_w_starts_its_chunks_sum():
@@ -135,9 +149,9 @@ def test_fp16_on_one_rank_steps_inside_the_graph_bitwise_the_loop_and_skips_an_o
 
 
 def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
-    """The step graph wraps the chunks' cells again, which renames their parameters
-    (`0.layers.0.0.weight`); `parameters_dict()` still gives the names MindSpore gives the
-    unsplit model, and `load_parameters` takes a checkpoint of that model back in."""
+    """The step graph wraps the chunks' cells again, leaving their parameters' names as
+    they are: `parameters_dict()` gives the names MindSpore gives the unsplit model, each
+    parameter named so, and `load_parameters` takes a checkpoint of that model back in."""
     import mindspore as ms
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
     from pipe.engine import PipelineEngine
@@ -147,7 +161,7 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
     engine.train_step(*batches(7)[0])
     unsplit = build_model(7)
     assert list(engine.parameters_dict()) == list(unsplit.parameters_dict())
-    assert any(p.name != name for name, p in engine.parameters_dict().items())   # renamed
+    assert all(p.name == name for name, p in engine.parameters_dict().items())   # not renamed
     trained = {name: p.asnumpy() for name, p in engine.parameters_dict().items()}
     ms.save_checkpoint([{"name": n, "data": p} for n, p in engine.parameters_dict().items()],
                        str(tmp_path / "model.ckpt"))

@@ -157,9 +157,8 @@ def train(args, wire=None):
         if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
             engine.save(args.save, step, checkpoint_meta)
 
-    held = sum(chunk.peak_bytes for chunk in engine.chunks)
-    if not engine.config.one_graph:      # (inside one graph, MindSpore holds them)
-        say(f"peak activation memory held by rank 0: {held / 2**20:.2f} MiB")
+    if not engine.one_graph:             # (inside one graph, MindSpore holds them)
+        say(f"peak activation memory held by rank 0: {engine.peak_bytes / 2**20:.2f} MiB")
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
     accuracy = None
@@ -172,7 +171,7 @@ def train(args, wire=None):
     if args.save:
         engine.save(args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
-    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": held, "engine": engine,
+    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": engine.peak_bytes, "engine": engine,
             "data": source, "samples": [len(train_x), len(test_x)]}
 
 

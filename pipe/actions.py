@@ -1,0 +1,299 @@
+"""A rank's actions, each handler written once: run one by one, or traced into one graph.
+
+The engine runs a step's lowered action list (F, B, I, W, send, receive) in one of two
+ways, with the same handlers below:
+
+    the loop (one_graph off)               the step as one graph (pipe.step_graph)
+    for action in actions.program:         @ms.jit
+        state = actions.run(state,         def construct(...):
+                            action, data)      for action in actions.program:
+                                                   state = actions.run(state, action, data)
+
+Run one by one, each handler is plain Python calling its chunk's compiled cells, and a
+message is the wire's own call. Traced, MindSpore compiles the same lines once per step
+(the program is constants, so every branch is decided while compiling), and a message is
+the wire's in-graph operator. `state` holds the step's values in flight: the tensors
+between chunks by message key (`flight`), what waits for a backward piece (`kept`: each
+micro-batch's residuals and loss gradient; `waiting`: what W reads), the gradient sums per
+chunk, the losses, and two tokens that order the work (`order`: ops.depend in the graph,
+nothing in the loop, where each call has returned before the next).
+"""
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from pipe import recompute
+from pipe.core.chunk import variable
+from pipe.core.schedule import message_key, message_tag
+from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
+from pipe.schedules import EVERY
+from pipe.split_backward import rows_of
+
+__all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
+
+F, B, I, W, SEND, RECV = range(6)
+CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
+
+
+def encode(schedule, stage):
+    """Each action of `stage`'s lowered list as constant integers: (code, micro-batch
+    (EVERY: a W deferred to the flush), chunk, takes, puts, index). `takes` and `puts` are
+    the tensors in flight an action reads and writes, by their message key as an integer
+    (its wire tag; -1: the micro-batch's input, the loss gradient, or nothing); `index` is
+    a message's place in the stage's messages, or for a computation 1 when it starts its
+    chunk's gradient sum (a B or a W)."""
+    program, started, message, V = [], set(), 0, schedule.virtual_stages
+    for action in schedule.actions[stage]:
+        code, mb, c = CODES[action.kind], action.mb, action.chunk
+        if code in (SEND, RECV):
+            program.append((code, mb, c, action.tag, -1, message))
+            message += 1
+            continue
+        takes = puts = -1
+        if code != W:
+            vs = schedule.virtual_stage(stage, c)
+            kind, to = ("F", vs + 1) if code == F else ("B", vs - 1)
+            if (code == F and vs > 0) or (code != F and vs < V - 1):
+                takes = message_tag(message_key(schedule, stage, action), V)
+            if 0 <= to < V:          # for the next virtual stage: here, or a send
+                puts = message_tag((kind, mb, to), V)
+        sums = code in (B, W)
+        program.append((code, mb, c, takes, puts, int(sums and c not in started)))
+        if sums:
+            started.add(c)
+    return tuple(program)
+
+
+def take(store, key):
+    """`store[key]`, released: run one by one, a tensor is freed once its last reader has
+    taken it (in a graph, the compiler frees it)."""
+    value = store[key]
+    store[key] = None
+    return value
+
+
+def first(value, after):
+    """The loop's `order`: each call has returned before the next starts."""
+    return value
+
+
+def variables(values):
+    """Each value as a compiled cell takes it (a tuple: mutable, not a constant)."""
+    out = ()
+    for value in values:
+        out = out + (variable(value),)
+    return out
+
+
+def _pick(tensors, positions):
+    """tensors[i] for each i of `positions`, as a loop the graph compiler unrolls."""
+    picked = ()
+    for i in positions:
+        picked = picked + (tensors[i],)
+    return picked
+
+
+class Actions(nn.Cell):
+    """The handlers of one rank's actions (`program`: its lowered list, encoded), over the
+    chunks of `layout` and the messages of `p2p`; `compiled`: built to be traced into a
+    graph (messages as operators, work ordered by tokens). `data` is (each micro-batch's
+    inputs, each one's labels, the dropout masks of each micro-batch and chunk, micro-batch
+    first, the loss gradient's scale)."""
+
+    def __init__(self, layout, p2p, compiled):
+        super().__init__(auto_prefix=False)
+        chunks = layout.chunks
+
+        def each(cell_of):            # (auto_prefix off: parameters keep whole-model names)
+            return nn.CellList([cell_of(c) for c in chunks], auto_prefix=False)
+        self.forwards = each(lambda c: c.forward_cell)
+        self.backwards = each(lambda c: c.backward_cell)
+        self.input_grads = each(lambda c: c.input_grad_cell)
+        self.weight_grads = each(lambda c: c.weight_grad_cell)
+        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.batchnorm)
+        self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
+        self.last = tuple(c.is_last for c in chunks)
+        self.count = len(chunks)
+        self.no_labels = chunks[0].no_labels
+        self.recompute = layout.config.recompute
+        self.micro_batches = layout.config.micro_batches
+        actions = layout.schedule.actions[layout.stage]
+        self.messages = nn.CellList([Message(p2p, a, compiled) for a in actions if not a.is_compute],
+                                   auto_prefix=False)
+        self.program = encode(layout.schedule, layout.stage)
+        self.order = ops.depend if compiled else first
+        self.token = ms.Tensor(0.0, ms.float32)
+
+    def start(self, kept, waiting):
+        """A step's state: nothing in flight yet; `kept` and `waiting`, the empty stores
+        of what waits for a backward piece (the loop's count bytes: pipe.memory)."""
+        return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "losses": (),
+                "sent": self.token, "done": self.token}
+
+    def run(self, state, action, data):
+        """One action of `program` on `state`; returns the state."""
+        code, mb, c, takes, puts, index = action
+        if code == F:
+            return self.forward(state, mb, c, takes, puts, data)
+        if code == B:
+            return self.backward(state, mb, c, takes, puts, index, data)
+        if code == I:
+            return self.input_grad(state, mb, c, takes, puts, data)
+        if code == W:
+            return self.weight_grad(state, mb, c, index)
+        if code == SEND:
+            return self.send(state, index, takes)
+        return self.recv(state, index, takes)
+
+    def summed(self, state):
+        """The step's weight gradient sums of each chunk, in order."""
+        summed = ()
+        for c in range(self.count):
+            summed = summed + (state["grads"][c],)
+        return summed
+
+    # ---- computations -----------------------------------------------------------------
+    def forward(self, state, mb, c, takes, puts, data):
+        """F: chunk c's forward of micro-batch mb, on the batch's rows (virtual stage 0) or
+        on what arrived; its output handed on, or on the last chunk, its loss kept."""
+        inputs, labels, masks, scale = data
+        unit = mb * self.count + c               # this micro-batch on chunk c
+        x = variable(self.order(inputs[mb] if takes < 0 else take(state["flight"], takes), state["done"]))
+        y = labels[mb] if self.last[c] else self.no_labels
+        out, residuals = self.forwards[c](x, y, scale, masks[unit])
+        state["done"] = self.order(state["done"], out)
+        if self.recompute:                       # only the input waits (pipe.recompute)
+            state["kept"][unit] = recompute.kept((x, y, masks[unit]))
+        else:                                    # the residuals, and the loss gradient
+            state["kept"][unit] = (residuals, out[1] if self.last[c] else None)
+        if self.last[c]:
+            state["losses"] = state["losses"] + (out[0],)
+        else:
+            state["flight"][puts] = out
+        return state
+
+    def backward(self, state, mb, c, takes, puts, first_sum, data):
+        """B: chunk c's whole backward of micro-batch mb, its weight gradients added to the
+        chunk's sums (`first_sum`: they start them), the input gradient handed on."""
+        copies = self.kept_buffers[c].save()          # batch norm: its backward moves nothing
+        residuals, dy = self.restored(state, mb, c, takes, data)
+        sums = () if first_sum else variable(state["grads"][c])
+        dx, state["grads"][c] = self.backwards[c](dy, sums, *variables(residuals))
+        state["done"] = self.order(self.order(state["done"], state["grads"][c]), dx)
+        self.kept_buffers[c].put_back(copies, state["done"])
+        if puts >= 0:
+            state["flight"][puts] = dx
+        return state
+
+    def input_grad(self, state, mb, c, takes, puts, data):
+        """I: the input gradient only; what W needs waits in `waiting`."""
+        copies = self.kept_buffers[c].save()
+        residuals, dy = self.restored(state, mb, c, takes, data)
+        dx, stashed = self.input_grads[c](dy, *variables(residuals))
+        state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + stashed
+        state["done"] = self.order(self.order(state["done"], stashed), dx)
+        self.kept_buffers[c].put_back(copies, state["done"])
+        if puts >= 0:
+            state["flight"][puts] = dx
+        return state
+
+    def weight_grad(self, state, mb, c, first_sum):
+        """W: the weight gradients of micro-batch mb, or deferred to the flush (EVERY) of
+        all of them at once, one product per layer over their rows (rows_of)."""
+        entries = ()
+        for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
+            entries = entries + (take(state["waiting"], m * self.count + c),)
+        rows = rows_of(entries)
+        rows = (self.order(rows[0], state["done"]),) + rows[1:]
+        copies = self.kept_buffers[c].save()
+        sums = () if first_sum else variable(state["grads"][c])
+        state["grads"][c] = self.weight_grads[c](sums, *variables(rows))
+        state["done"] = self.order(state["done"], state["grads"][c])
+        self.kept_buffers[c].put_back(copies, state["done"])
+        return state
+
+    def restored(self, state, mb, c, takes, data):
+        """(the residuals, the output gradient) a backward piece of micro-batch mb starts
+        from: the kept residuals (with recompute: the forward run again), and the gradient
+        that arrived, or on the last chunk the loss gradient."""
+        kept = take(state["kept"], mb * self.count + c)
+        if self.recompute:
+            kept = recompute.restored(self.forwards[c], kept, data[3], self.last[c])
+        residuals, start = kept
+        dy = self.order(start if takes < 0 else take(state["flight"], takes), state["done"])
+        return residuals, variable(dy)
+
+    # ---- messages ---------------------------------------------------------------------
+    def send(self, state, index, key):
+        state["sent"] = self.messages[index].send(take(state["flight"], key), state["sent"])
+        return state
+
+    def recv(self, state, index, key):
+        state["flight"][key] = self.messages[index].recv(state["sent"])
+        state["sent"] = self.order(state["sent"], state["flight"][key])
+        return state
+
+
+def wire_op(p2p, action, shape, dtype, compiled):
+    """What carries one tensor of a send or receive `action`: run one by one, the wire's
+    own call; in a graph on GPU and Ascend MindSpore's operator (a Receive's optional input,
+    a token, orders it), on CPU, which has no Send kernel, mpi4py called from a pyfunc
+    operator, returning a token."""
+    wire, peer, sends = p2p.wire, p2p.ranks[action.peer], action.kind[0] == "s"
+    if not compiled:
+        if sends:
+            return lambda x: wire.send(x, peer, action.tag)
+        return lambda token: wire.recv(shape, dtype, peer, action.tag)
+    if isinstance(wire, MindSporeWire):
+        if sends:
+            return ops.Send(action.tag, peer, group=wire.world)
+        return ops.Receive(action.tag, peer, list(shape), dtype, group=wire.world)
+    if sends:
+        def send(x):
+            wire.send_array(x, peer, action.tag)
+            return np.zeros((1,), np.float32)
+        return ops.Custom(send, out_shape=lambda x: (1,), out_dtype=lambda x: ms.float32,
+                          func_type="pyfunc")
+
+    def recv(token):
+        return wire.recv_array(shape, dtype, peer, action.tag)
+    return ops.Custom(recv, out_shape=lambda token: tuple(shape), out_dtype=lambda token: dtype,
+                      func_type="pyfunc")
+
+
+class Message(nn.Cell):
+    """One send or receive: a tuple as a message per element that `travels`, each as its
+    `carrier`; zeros for a gradient that does not. Each part waits for the token of the one
+    before (in a graph; one by one, each call has returned)."""
+
+    def __init__(self, p2p, action, compiled):
+        super().__init__(auto_prefix=False)
+        spec = p2p.specs[action.boundary]
+        self.specs, self.is_tuple = tuple(elements(spec)), isinstance(spec, Parts)
+        self.travels = tuple(travels(action.kind, dtype) for _, dtype in self.specs)
+        self.carriers = tuple(carrier(dtype) for _, dtype in self.specs)
+        self.wire_ops = tuple(wire_op(p2p, action, shape, carrier(dtype), compiled) if go else None
+                              for (shape, dtype), go in zip(self.specs, self.travels))
+        self.order = ops.depend if compiled else first
+
+    def send(self, value, token):
+        """Sends `value` once `token` is set; returns a token set once it is sent."""
+        parts = value if self.is_tuple else (value,)
+        for i in range(len(parts)):
+            if self.travels[i]:
+                part = parts[i] if parts[i].dtype == self.carriers[i] else parts[i].astype(self.carriers[i])
+                token = self.order(token, self.wire_ops[i](self.order(part, token)))
+        return token
+
+    def recv(self, token):
+        """The value received once `token` is set."""
+        got = ()
+        for i in range(len(self.specs)):
+            shape, dtype = self.specs[i]
+            if self.travels[i]:
+                part = self.wire_ops[i](token)
+                token = self.order(token, part)
+                got = got + ((part if dtype == self.carriers[i] else part.astype(dtype)),)
+            else:
+                got = got + (ops.zeros(shape, dtype),)
+        return got if self.is_tuple else got[0]
