@@ -204,7 +204,8 @@ class Actions(nn.Cell):
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
             entries = entries + (take(state["waiting"], m * self.count + c),)
         rows = rows_of(entries)
-        rows = (self.order(rows[0], state["done"]),) + rows[1:]
+        if rows:                                 # (none when no layer of the chunk has weights)
+            rows = (self.order(rows[0], state["done"]),) + rows[1:]
         copies = self.kept_buffers[c].save()
         sums = () if first_sum else variable(state["grads"][c])
         state["grads"][c] = self.weight_grads[c](sums, *variables(rows))
