@@ -202,38 +202,45 @@ def _compile_report(since):
     return f" (MindSpore's compile report: {found[0]})" if found else ""
 
 
-def _coming(vs, bounds):
+def _stage(vs, bounds, stages):
+    """Virtual stage vs as the user knows it: "stage 2" when each stage runs one slice of
+    the layers, else "virtual stage 2" (interleaved 1F1B, ZB-V, DualPipeV)."""
+    return f"stage {vs}" if len(bounds) == stages else f"virtual stage {vs}"
+
+
+def _coming(vs, bounds, stages):
     first = bounds[vs][0]
-    return ("the input batch" if vs == 0 else
-            f"stage {vs - 1}'s output (the boundary between layers {first - 1} and {first})")
+    return ("the input batch" if vs == 0 else f"{_stage(vs - 1, bounds, stages)}'s output "
+            f"(the boundary between layers {first - 1} and {first})")
 
 
-def _failure_text(vs, kind, expected, spec, bounds, carried):
+def _failure_text(vs, kind, expected, spec, bounds, stages, carried):
     """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
-    first, coming = bounds[vs][0], _coming(vs, bounds)
+    first, coming, stage = bounds[vs][0], _coming(vs, bounds, stages), _stage(vs, bounds, stages)
     if kind == "wire":
         dtype = elements(spec)[expected][1]
         element = f"element {expected} of " if isinstance(spec, Parts) else ""
-        return (f"stage {vs} would receive {element}{coming} as {dtype}, which this wire does "
+        return (f"{stage} would receive {element}{coming} as {dtype}, which this wire does "
                 f"not carry; make layer {first - 1} hand it on as one of "
                 f"{', '.join(str(d) for d in DTYPES if carrier(d) in carried)}")
     if kind == "dtype":
         source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
-        return (f"dtype mismatch: stage {vs} receives {coming} as {spec[1]}, but the first "
+        return (f"dtype mismatch: {stage} receives {coming} as {spec[1]}, but the first "
                 f"weights it meets are {DTYPES[expected]}; cast {source} to {DTYPES[expected]}")
     fix = (f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input" if vs
            else f"Fix the input batch or layer {first}")
-    return (f"stage {vs} cannot take {coming}, of {_words(spec)}; its first layer "
+    return (f"{stage} cannot take {coming}, of {_words(spec)}; its first layer "
             f"expects {expected} features. {fix}")
 
 
 # ---- the check, on every rank ------------------------------------------------------------
 class StageCheck:
     """Core's `connect_stages` probe, keeping this rank's first failure, and `agree`, which
-    fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage."""
+    fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage, over
+    `stages` stages."""
 
-    def __init__(self, chunks, bounds, labels, carried, training=True, runs=2):
-        self.chunks, self.bounds, self.labels = chunks, bounds, labels
+    def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2):
+        self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
         self.carried, self.training, self.runs = carried, training, runs
         self.failure, self.counted = None, False    # counted: the loss is (sum, count)
 
@@ -255,7 +262,8 @@ class StageCheck:
             kind, expected, what = explain(chunk, spec, self.labels if self.training else None, error)
             first, last = self.bounds[vs]
             layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
-            text = (f"stage {vs} ({layers}) failed on {_coming(vs, self.bounds)}, of "
+            text = (f"{_stage(vs, self.bounds, self.stages)} ({layers}) failed on "
+                    f"{_coming(vs, self.bounds, self.stages)}, of "
                     f"{_words(spec)}: {what}{_compile_report(since)}")
             self.failure = Failure(vs, spec, kind, expected, text, error)
             return None
@@ -284,7 +292,7 @@ class StageCheck:
                          for rank, r in enumerate(rows) if r[0]})
         if not failed:
             return
-        told = [_failure_text(vs, kind, expected, spec, self.bounds, self.carried)
+        told = [_failure_text(vs, kind, expected, spec, self.bounds, self.stages, self.carried)
                 for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
         mine = self.failure
         if mine is not None and mine.kind == "model":
@@ -293,7 +301,8 @@ class StageCheck:
             raise RuntimeError("check before the first step failed: " + "; ".join(told)) \
                 from (mine.error if mine is not None else None)
         vs, _, _, _, rank = failed[0]
-        raise PeerFailed(f"the check before the first step failed on rank {rank} (stage {vs}): "
+        raise PeerFailed(f"the check before the first step failed on rank {rank} "
+                         f"({_stage(vs, self.bounds, self.stages)}): "
                          f"rank {rank}'s error says why")
 
 

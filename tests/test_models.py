@@ -132,6 +132,19 @@ def test_dtype_mismatch_is_named_as_one():
                               "Float32; cast the input batch to Float32")
 
 
+def test_a_virtual_stage_is_named_as_one():
+    """ZB-V on one stage runs two slices of the layers there: the one that cannot take the
+    other's output is named a virtual stage, not a stage."""
+    model = nn.SequentialCell([nn.Dense(8, 4), nn.ReLU(), nn.Dense(5, 3)])
+    with pytest.raises(RuntimeError) as err:
+        engine(model, micro_batches=2, schedule="zb-v").train_step(np.ones((4, 8), np.float32),
+                                                                   np.zeros(4, np.int32))
+    assert str(err.value) == (
+        "check before the first step failed: virtual stage 1 cannot take virtual stage 0's output "
+        "(the boundary between layers 1 and 2), of shape (2, 4) Float32; its first layer expects 5 "
+        "features. Fix the model so that layer 1's output fits layer 2's input")
+
+
 def test_half_precision_compute_is_precision_fp16():
     """A model cast with `to_float` is refused under precision='fp32' (its loss gradient
     would underflow unscaled), and trains under 'fp16', which casts every layer itself."""
