@@ -292,6 +292,7 @@ def matrix(root):
         run("single-m4", 1, "--micro-batches", 4),
         run("clip-single", 1, "--micro-batches", 4, "--clip-grad-norm", 0.05),
         run("1f1b-2x1", 2, "--micro-batches", 2, "--stages", 2),
+        run("1f1b-2x1-one-graph", 2, "--micro-batches", 2, "--stages", 2, "--one-graph"),
         run("zb-h1-3x1", 3, "--micro-batches", 2, "--stages", 3, "--schedule", "zb-h1"),
         run("clip-2x2", 4, "--micro-batches", 2, "--stages", 2, "--data-parallel", 2, "--clip-grad-norm", 0.05),
         run("own-single-m2", 1, "--micro-batches", 2, "--build", "own"),
@@ -316,6 +317,14 @@ def test_cnn_trains_like_one_process_with_its_statistics(cnn, layout):
     (got, _), (want, _) = cnn[layout], cnn["single-m2"]
     assert sorted(got) == sorted(want) and any("moving_mean" in name for name in want)
     assert_same(got, want, want)                    # weights and moving statistics
+
+
+def test_cnn_as_one_graph_is_bitwise_the_loop(cnn):
+    """Batch norm, dropout and a skip connection on 2 ranks: the step's graph runs the
+    loop's handlers (pipe.actions), buffers put back inside it: the same bits."""
+    (graph, _), (loop, _) = cnn["1f1b-2x1-one-graph"], cnn["1f1b-2x1"]
+    assert sorted(graph) == sorted(loop) and any("moving_mean" in name for name in loop)
+    assert all((graph[name] == loop[name]).all() for name in loop)
 
 
 def test_cnn_built_layer_by_layer_trains_like_one_process(cnn):

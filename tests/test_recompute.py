@@ -15,7 +15,8 @@ def matrix(root):
     """Every training this module checks (trained in one launch: conftest.trained)."""
     return [(2, FLAGS + ["--schedule", s, "--save", root / f"recompute-{s}-{mode}"] +
              (["--recompute"] if mode == "recompute" else []))
-            for s in SCHEDULES for mode in ("keep", "recompute")]
+            for s in SCHEDULES for mode in ("keep", "recompute")] + \
+        [(2, FLAGS + ["--schedule", "1f1b", "--recompute", "--one-graph", "--save", root / "recompute-1f1b-graph"])]
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +40,10 @@ def test_recompute_gives_the_same_weights_with_less_memory(runs, schedule):
         assert recompute_bytes == 2 * (8 * 784 * 4 + 4)
     else:   # a micro-batch waiting for its W holds the recomputed residuals
         assert recompute_bytes < kept_bytes * 0.95
+
+
+def test_recompute_as_one_graph_is_bitwise_the_loop(trained):
+    """The backward's second forward inside the step's graph (the loop's handlers, traced)."""
+    graph, loop = load(trained / "recompute-1f1b-graph" / "model.ckpt"), \
+        load(trained / "recompute-1f1b-recompute" / "model.ckpt")
+    assert sorted(graph) == sorted(loop) and all((graph[name] == loop[name]).all() for name in loop)

@@ -2,8 +2,8 @@
 layer's input, as autograd would, and a compiled backward that asks MindSpore for each
 layer's vector-Jacobian product at that input, in reverse, summing weight gradients. A
 Dense layer's forward is dead code there (dX = dY W^T, dW = dY^T X): the compiler drops it.
-Seams (pipe.chunk): `keeps` and `layer_grad` wrap layer i, `extras` gives per-micro-batch
-inputs (dropout masks), `kept` / `restored` choose what waits for the backward.
+pipe's full chunk (pipe/chunk.py) builds its own from these cells (`Forward`, `Backward`,
+`KeepInput`, `LayerGrad`), each layer wrapped by the feature it needs.
 """
 import mindspore as ms
 from mindspore import nn, ops
