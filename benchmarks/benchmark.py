@@ -181,10 +181,10 @@ def main(argv=None):
             if device != "CPU":
                 ms.runtime.reset_peak_memory_stats()
             engine, windows, host = pipe_run(args, device, schedule, wire, x, y)
-            wire, config = engine.wire, engine.config     # (config: with W as pipe chose)
+            wire = engine.wire
             rows.append(({"impl": "pipe-graph" if engine.one_graph else "pipe",
-                          "schedule": schedule + "+W*" * config.defer_wgrad,
-                          "defer_wgrad": config.defer_wgrad, "one_graph": engine.one_graph,
+                          "schedule": schedule + "+W*" * engine.defer_wgrad,
+                          "defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph,
                           "rank": wire.rank, "stage": engine.layout.stage,
                           "peak_memory_bytes": peak_memory(device),
                           "bounds": engine.layout.all_bounds,

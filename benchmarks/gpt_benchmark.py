@@ -116,11 +116,11 @@ def pipe_step(args, device):
                             defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
     ids, targets = map(ms.Tensor, data(args))
-    engine.train_step(ids, targets)      # (what pipe chose is filled in at the first step)
+    engine.train_step(ids, targets)      # (pipe makes its choices at the first step)
     params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
         engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
-    chose = {"defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.one_graph, **place,
+    chose = {"defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph, **place,
              "impl": "pipe-graph" if engine.one_graph else "pipe"}
     return lambda: engine.train_step(ids, targets), chose, params
 

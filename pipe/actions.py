@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe import recompute
-from pipe.core.chunk import variable
+from pipe.core.chunk import arguments, variable
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
@@ -98,9 +98,10 @@ class Actions(nn.Cell):
     chunks of `layout` and the messages of `p2p`; `compiled`: built to be traced into a
     graph (messages as operators, work ordered by tokens). `data` is (each micro-batch's
     inputs, each one's labels, the dropout masks of each micro-batch and chunk, micro-batch
-    first, the loss gradient's scale)."""
+    first, the loss gradient's scale). With `infer`, F is the forward in eval mode that
+    keeps nothing (predict: layout's schedule is then forward-only, data its inputs)."""
 
-    def __init__(self, layout, p2p, compiled):
+    def __init__(self, layout, p2p, compiled, infer=False):
         super().__init__(auto_prefix=False)
         chunks = layout.chunks
 
@@ -111,6 +112,8 @@ class Actions(nn.Cell):
         self.input_grads = each(lambda c: c.input_grad_cell)
         self.weight_grads = each(lambda c: c.weight_grad_cell)
         self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.batchnorm)
+        self.infers = each(lambda c: c.infer_cell)
+        self.infer = infer
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
@@ -126,13 +129,16 @@ class Actions(nn.Cell):
 
     def start(self, kept, waiting):
         """A step's state: nothing in flight yet; `kept` and `waiting`, the empty stores
-        of what waits for a backward piece (the loop's count bytes: pipe.memory)."""
-        return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "losses": (),
+        of what waits for a backward piece (the loop's count bytes: pipe.memory);
+        `outputs`, what the model's last chunk gives: its losses (its outputs, predicting)."""
+        return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "outputs": (),
                 "sent": self.token, "done": self.token}
 
     def run(self, state, action, data):
         """One action of `program` on `state`; returns the state."""
         code, mb, c, takes, puts, index = action
+        if code == F and self.infer:
+            return self.inference(state, mb, c, takes, puts, data)
         if code == F:
             return self.forward(state, mb, c, takes, puts, data)
         if code == B:
@@ -167,7 +173,17 @@ class Actions(nn.Cell):
         else:                                    # the residuals, and the loss gradient
             state["kept"][unit] = (residuals, out[1] if self.last[c] else None)
         if self.last[c]:
-            state["losses"] = state["losses"] + (out[0],)
+            state["outputs"] = state["outputs"] + (out[0],)
+        else:
+            state["flight"][puts] = out
+        return state
+
+    def inference(self, state, mb, c, takes, puts, data):
+        """F of predict: chunk c's output in eval mode, keeping nothing."""
+        x = data[0][mb] if takes < 0 else take(state["flight"], takes)
+        out = self.infers[c](*arguments(x))
+        if self.last[c]:
+            state["outputs"] = state["outputs"] + (out,)
         else:
             state["flight"][puts] = out
         return state

@@ -48,7 +48,7 @@ class PipelineEngine(Engine):
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         config.check()
-        config = replace(config)         # this engine's: what pipe chooses is filled in here
+        config = replace(config)         # this engine's copy (pipe's choices go elsewhere: run_as, plan)
         self.left = [name for name in LEFT if getattr(config, name) is None]
         wire = wire or connect(config.device, config.timeout)
         if wire.size > 1:                # peers must not wait on a rank that failed
@@ -66,7 +66,7 @@ class PipelineEngine(Engine):
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
         self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
         self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
-        self.predicting = {}             # predict's batch shapes -> (messages, output spec)
+        self.predicting = {}             # predict's batch shapes -> (handlers, messages, output spec)
         self.loops = {}                  # batch shapes -> the handlers, run one by one
         self.graphs = {}                 # batch shapes -> the same handlers as one graph
         self.one = ms.Tensor(1.0, ms.float32)   # the step graph's 1 / S in fp32
@@ -118,22 +118,27 @@ class PipelineEngine(Engine):
         when the graph stepped), whether the graph found a gradient overflowed (fp16
         stepping inside it))."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        if not self.one_graph:           # one handler per action, each watched
+        if not self.one_graph:
             actions = self.loops[batch.shapes]
-            state = actions.start(self.memory.store("kept", batch.shapes),
-                                  self.memory.store("waiting", batch.shapes))
-            data = (batch.inputs, batch.labels, masks, scale)
-            for i, action in enumerate(actions.program):
-                with self.around(self.schedule, i):
-                    state = actions.run(state, action, data)
+            state = self.run_loop(actions, self.schedule, actions.start(
+                self.memory.store("kept", batch.shapes), self.memory.store("waiting", batch.shapes)),
+                (batch.inputs, batch.labels, masks, scale))
             summed = actions.summed(state)
-            return loss_sum(state["losses"]), tuple(g for grads in summed for g in grads), None
+            return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
             losses, summed, done, overflow = self.graphs[batch.shapes](
                 *replica_rows(batch), masks, scale, self.inverse_scale())
             done.asnumpy()               # waits inside the watch: a failed message is this step's
         overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
         return losses, tuple(g for grads in summed for g in grads), overflowed
+
+    def run_loop(self, actions, schedule, state, data):
+        """`actions`' program one handler at a time, each watched (and traced, if asked):
+        this loop is the whole runtime when the step is not one graph, and predict's."""
+        for i, action in enumerate(actions.program):
+            with self.around(schedule, i):
+                state = actions.run(state, action, data)
+        return state
 
     def scale_tensor(self, value):
         """The loss gradient's scale as a tensor, made anew only when it changes."""
@@ -190,13 +195,15 @@ class PipelineEngine(Engine):
                      for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
 
     @property
+    def defer_wgrad(self):
+        """Whether W runs at the flush: the config's, or what pipe chose (the config keeps
+        what the user set)."""
+        return self.layout.defer_wgrad
+
+    @property
     def peak_bytes(self):
         """The most activation bytes the loop held in flight at once (pipe.memory)."""
         return self.memory.peak
-
-    def execute(self, schedule, batch, handlers):
-        self.watch.begin(schedule)
-        super().execute(schedule, batch, handlers)
 
     def around(self, schedule, i):
         stack = ExitStack()

@@ -38,6 +38,7 @@ class Layout:
     bounds: list         # their [first, last) layers
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
+    defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: plan)
     any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
     any_composite: bool = False  # some rank has a weighted layer other than nn.Dense (likewise)
     why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.defaults)
@@ -116,10 +117,10 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
         layout.any_composite = most_of(wire, sum(is_composite(layer) for chunk in layout.chunks
                                                  for layer in chunk.layers)) > 0
     if "defer_wgrad" in left:            # the same on every rank: the vote above
-        config.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers,
+        layout.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers,
                                                             layout.any_composite)
         layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
-                                           config.chunks, config.defer_wgrad)
+                                           config.chunks, layout.defer_wgrad)
     return layout
 
 
@@ -150,4 +151,4 @@ def build_layout(model, loss_fn, config, rank, costs):
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,
-                  chunks, bounds, names, tied)
+                  chunks, bounds, names, tied, bool(config.defer_wgrad))

@@ -1,9 +1,12 @@
 """Forward-only pipelining: the model's outputs on a batch, every micro-batch through each
 chunk in turn with the layers in eval mode (no dropout, batch norm from its statistics)."""
+from dataclasses import replace
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from pipe.actions import Actions
 from pipe.core.chunk import arguments
 from pipe.core.engine import MicroBatches
 from pipe.core.schedule import Action, lower
@@ -46,24 +49,22 @@ def split_for_predict(config, inputs):
 
 def predict(engine, inputs, broadcast):
     """The model's outputs on `inputs` as numpy: on every rank, or (`broadcast` off) only on
-    the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast."""
+    the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast. The
+    forward-only list runs through the training step's handlers (pipe.actions, `infer`)."""
     batch = split_for_predict(engine.config, inputs)
+    schedule = engine.layout.forward_only
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
         p2p = engine.agree_shapes(batch, training=False)
-        engine.predicting[batch.shapes] = p2p, engine.output_spec
-    p2p, output_spec = engine.predicting[batch.shapes]
-    trained, engine.p2p = engine.p2p, p2p
-
-    def infer(action, batch):
-        engine.hand_on(action, engine.chunks[action.chunk].infer(engine.take(action, batch)), batch)
-
-    try:
-        engine.execute(engine.layout.forward_only, batch, {**engine.handlers, "F": infer})
-    finally:
-        engine.p2p = trained
-    engine.watch.end(engine.layout.forward_only)
+        actions = Actions(replace(engine.layout, schedule=schedule), p2p, compiled=False, infer=True)
+        engine.predicting[batch.shapes] = actions, p2p, engine.output_spec
+    actions, p2p, output_spec = engine.predicting[batch.shapes]
+    for chunk in engine.chunks:
+        chunk.set_mode(False)
+    engine.watch.begin(schedule)
+    state = engine.run_loop(actions, schedule, actions.start({}, {}), (batch.inputs,))
+    engine.watch.end(schedule)
     last = engine.chunks[-1].is_last
-    out = ops.cat(batch.outputs) if last else None
+    out = ops.cat(state["outputs"]) if last else None
     if not broadcast:
         return out.asnumpy() if last else None
     shape, dtype = output_spec

@@ -82,4 +82,4 @@ class StepGraph(nn.Cell):
                 flat, overflow = self.unscale(flat, inverse)
                 if overflow[0] < 0.5:
                     done = ops.depend(done, self.update(flat))
-        return loss_sum(state["losses"]), summed, ops.depend(state["sent"], done), overflow
+        return loss_sum(state["outputs"]), summed, ops.depend(state["sent"], done), overflow

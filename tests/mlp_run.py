@@ -196,5 +196,5 @@ def pipe_run(spec, communicator):
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
                     "update_in_graph": engine.update_in_graph, "wire_dtypes": wire,
-                    "defer_wgrad": engine.config.defer_wgrad, "one_graph": engine.one_graph,
+                    "defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph,
                     "grad_dtypes": sorted(summed)}

@@ -90,7 +90,7 @@ def test_left_to_pipe_a_run_says_its_choice_once_and_trains_as_those_flags_would
     assert out == announce([DEFERRED, f"one graph per step ({flops / 1e9:.2g} GFLOP per action: "
                                       "the host's cost per action would dominate)"]) + "\n"
     assert out.startswith("pipe chose W deferred to the flush")
-    assert (chosen.config.defer_wgrad, chosen.one_graph) == (True, True)
+    assert (chosen.defer_wgrad, chosen.one_graph, chosen.config.defer_wgrad) == (True, True, None)
     forced, quiet = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
                                                             defer_wgrad=True, one_graph=True), capsys)
     assert quiet == ""                   # nothing left to pipe: nothing said
@@ -104,7 +104,7 @@ def test_batch_norm_left_to_pipe_runs_w_per_micro_batch_in_one_graph(capsys):
     assert out == announce(["W per micro-batch (batch norm: W over all rows would use their "
                             "joint statistics)", f"one graph per step ({flops / 1e9:.2g} GFLOP per "
                             "action: the host's cost per action would dominate)"]) + "\n"
-    assert (engine.config.defer_wgrad, engine.one_graph, engine.config.one_graph) == (False, True, None)
+    assert (engine.defer_wgrad, engine.one_graph, engine.config.one_graph) == (False, True, None)
     looped, _ = train(bn_model(), loop_config(micro_batches=2, batch_size=8), capsys)
     for a, b in zip(engine.layout.params + engine.layout.buffers,
                     looped.layout.params + looped.layout.buffers):
@@ -115,7 +115,7 @@ def test_one_choice_left_to_pipe_is_said_alone(capsys):
     engine, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
                                                           one_graph=False), capsys)
     assert out == announce([DEFERRED]) + "\n"
-    assert (engine.config.defer_wgrad, engine.one_graph) == (True, False)
+    assert (engine.defer_wgrad, engine.one_graph) == (True, False)
 
 
 def matrix(root):
