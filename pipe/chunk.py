@@ -12,7 +12,6 @@ loss float32 logits. The loss a backward starts from is `loss_fn`'s scalar or th
 its (sum, count) (pipe.normalized_loss).
 """
 import mindspore as ms
-from mindspore import nn
 
 from pipe import dropout, relu
 from pipe.batchnorm import Buffers, buffers_of
