@@ -169,7 +169,7 @@ class Actions(nn.Cell):
         out, residuals = self.forwards[c](x, y, scale, masks[unit])
         state["done"] = self.order(state["done"], out)
         if self.recompute:                       # only the input waits (pipe.recompute)
-            state["kept"][unit] = recompute.kept((x, y, masks[unit]))
+            state["kept"][unit] = (x, y, masks[unit])
         else:                                    # the residuals, and the loss gradient
             state["kept"][unit] = (residuals, out[1] if self.last[c] else None)
         if self.last[c]:

@@ -15,7 +15,8 @@ import mindspore as ms
 
 from pipe import dropout, relu
 from pipe.batchnorm import Buffers, buffers_of
-from pipe.core.chunk import Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions, leaves
+from pipe.core.chunk import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
+                             last_first, leaves, residual_indices)
 from pipe.dropout import Masks, is_dropout
 from pipe.normalized_loss import LossTerm
 from pipe.precision import GradAsFloat16, LogitsAsFloat32, keeps_float32_input, to_half
@@ -41,7 +42,7 @@ class Chunk:
         self.is_first, self.is_last, self.half = is_first, loss_fn is not None, half
         self.loss_fn = None if loss_fn is None else LossTerm(loss_fn)
         pieces = [self.forward_piece(i) for i in range(len(self.layers))]
-        self.residual_of = [sum(p.residual_count for p in pieces[:i]) for i in range(len(pieces))]
+        self.residual_of = residual_indices(pieces)
         self.forward_cell = Forward(pieces, self.loss_fn)
         self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
         self.input_grad_cell, self.weight_grad_cell = split_cells(self)
@@ -85,10 +86,8 @@ class Chunk:
 
     def layer_grads(self, input_grad, make=LayerGrad):
         """Every layer's backward, last first, each knowing its residual's index."""
-        grads = [self.backward_piece(i, input_grad or i > 0, make) for i in range(len(self.layers))]
-        for grad, index in zip(grads, self.residual_of):
-            grad.residual = index
-        return grads[::-1]
+        return last_first([self.backward_piece(i, input_grad or i > 0, make)
+                           for i in range(len(self.layers))], self.residual_of)
 
     def set_mode(self, training):
         if self.training != training:

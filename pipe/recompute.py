@@ -1,15 +1,11 @@
 """Activation recomputation: a micro-batch in flight keeps only its chunk's input.
 
 The backward runs the forward again to get the layer residuals back: less memory, one
-more forward per micro-batch (Chen et al., 2016; Megatron's full recompute). Both halves
-are called by the F and backward handlers (pipe.actions), in the loop and in the graph.
+more forward per micro-batch (Chen et al., 2016; Megatron's full recompute). The F handler
+(pipe.actions) keeps the forward's input (x, labels, dropout masks) alone; the backward
+pieces call `restored`, in the loop and in the graph alike.
 """
-__all__ = ["kept", "restored"]
-
-
-def kept(forward_input):
-    """What waits for the backward: the forward's input (x, labels, dropout masks) alone."""
-    return forward_input
+__all__ = ["restored"]
 
 
 def restored(forward, forward_input, scale, is_last):

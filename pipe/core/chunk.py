@@ -11,7 +11,8 @@ from mindspore import nn, ops
 from pipe.core.wire import spec_of
 
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
-           "KeepInput", "LayerGrad", "Differentiable", "has_bool", "arguments", "variable"]
+           "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
+           "has_bool", "arguments", "variable"]
 
 
 def is_plain_sequence(cell):
@@ -121,6 +122,18 @@ class LayerGrad(nn.Cell):
         return (dx if isinstance(x, tuple) else dx[0]), dw
 
 
+def residual_indices(pieces):
+    """Where each layer's residuals start among all the forward pieces keep."""
+    return [sum(piece.residual_count for piece in pieces[:i]) for i in range(len(pieces))]
+
+
+def last_first(grads, residual_of):
+    """The layers' backward cells, last first, each knowing its residual's index."""
+    for grad, index in zip(grads, residual_of):
+        grad.residual = index
+    return grads[::-1]
+
+
 def gradient_positions(layers):
     """Per distinct parameter, its gradients' positions in the layers' list (a shared one: 2)."""
     positions, k = {}, 0
@@ -169,32 +182,14 @@ class Chunk:
         self.is_first, self.is_last, self.loss_fn = is_first, loss_fn is not None, loss_fn
         self.grad_scale = ms.Tensor(grad_scale, ms.float32)
         self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
-        wrapped = [self.keeps(i) for i in range(len(self.layers))]
-        self.residual_of = [sum(w.residual_count for w in wrapped[:i]) for i in range(len(wrapped))]
+        wrapped = [KeepInput(layer) for layer in self.layers]
+        grads = [LayerGrad(layer, not is_first or i > 0) for i, layer in enumerate(self.layers)]
         self.forward_cell = Forward(wrapped, loss_fn)
-        self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
+        self.backward_cell = Backward(last_first(grads, residual_indices(wrapped)),
+                                      gradient_positions(self.layers))
         self.residuals = {}     # micro-batch -> what its backward reads, from its F to its B
         self.grads = ()         # summed weight gradients, in `params` order (() at a step's start)
         self.training = None    # the mode the layers are in
-
-    def keeps(self, i):
-        """Layer i as the forward runs it: (x, extras) -> (output, residuals kept)."""
-        return KeepInput(self.layers[i])
-
-    def layer_grad(self, i, input_grad, make=LayerGrad):
-        """Layer i's backward: (its residual, dy) -> (dx, weight grads)."""
-        return make(self.layers[i], input_grad)
-
-    def layer_grads(self, input_grad, make=LayerGrad):
-        """Every layer's backward, last first, each knowing its residual's index."""
-        grads = [self.layer_grad(i, input_grad or i > 0, make) for i in range(len(self.layers))]
-        for grad, index in zip(grads, self.residual_of):
-            grad.residual = index
-        return grads[::-1]
-
-    def extras(self, mb, x):
-        """What the layers take besides x, per micro-batch: nothing here."""
-        return ()
 
     def set_mode(self, training):
         if self.training != training:
@@ -213,22 +208,14 @@ class Chunk:
         return self.no_labels if labels is None else labels
 
     def forward(self, mb, x, labels=None):
+        """F: the residuals and the gradient to start from wait for the backward."""
         self.set_mode(True)
-        extras = self.extras(mb, x)
-        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, extras)
-        self.residuals[mb] = self.kept(x, labels, extras, residuals, out)
+        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, ())
+        self.residuals[mb] = residuals, out[1] if self.is_last else None
         return out[0] if self.is_last else out
 
-    def kept(self, x, labels, extras, residuals, out):
-        """What waits for the backward: the residuals and the gradient to start from."""
-        return residuals, out[1] if self.is_last else None
-
-    def restored(self, kept):
-        """The residuals and start gradient from what `kept` returned."""
-        return kept
-
     def backward(self, mb, dy=None):
-        residuals, start = self.restored(self.residuals.pop(mb))
+        residuals, start = self.residuals.pop(mb)
         dx, self.grads = self.backward_cell(variable(start if self.is_last else dy),
                                             self.accumulators(), *map(variable, residuals))
         return dx
@@ -236,6 +223,5 @@ class Chunk:
     def output_spec(self, x, labels=None):
         """The spec of this chunk's output (logits) on `x`: one forward, which compiles it."""
         self.set_mode(True)
-        out, _ = self.forward_cell(variable(x), self.labels(labels), self.grad_scale,
-                                   self.extras(None, x))
+        out, _ = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, ())
         return spec_of(out[1] if self.is_last else out)
