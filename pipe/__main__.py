@@ -23,20 +23,20 @@ from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_b
 
 def peaks(schedule):
     """Each stage's peak activation memory, in micro-batches of a whole stage."""
-    return [schedules.peak_in_flight(schedule, s) / schedule.chunks for s in range(schedule.stages)]
+    return [schedules.peak_in_flight(schedule, s) / schedule.chunks_per_stage for s in range(schedule.stages)]
 
 
 def messages(schedule):
     return sum(a.kind[0] == "s" for actions in schedule.actions for a in actions)
 
 
-def compare(stages, micro_batches, chunks, cost, defer_wgrad):
+def compare(stages, micro_batches, chunks_per_stage, cost, defer_wgrad):
     """One line per schedule that takes this P and M: bubble, memory, messages."""
     print(f"P={stages} M={micro_batches}, costs F={cost[0]:g} I={cost[1]:g} W={cost[2]:g}"
           + (", W* at the flush" if defer_wgrad else ""))
     print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per stage (micro-batches)")
     for name in schedules.SCHEDULES:
-        v = chunks if name == "interleaved-1f1b" else schedules.CHUNKS.get(name, 1)
+        v = chunks_per_stage if name == "interleaved-1f1b" else schedules.CHUNKS_PER_STAGE.get(name, 1)
         try:
             schedule = checked_schedule(name, stages, micro_batches, v, defer_wgrad)
         except ValueError as e:
@@ -75,7 +75,7 @@ def main(argv=None):
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--chunks", type=int, help="chunks per stage (interleaved: 2)")
+    p.add_argument("--chunks-per-stage", type=int, help="model chunks per stage (interleaved: 2)")
     p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "I", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
     p.add_argument("--measured", metavar="TRACE", help="take F/I/W costs from a recorded trace")
@@ -86,13 +86,13 @@ def main(argv=None):
     name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
     try:
         config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
-                                schedule=name, chunks=args.chunks, batch_size=args.micro_batches)
+                                schedule=name, chunks_per_stage=args.chunks_per_stage, batch_size=args.micro_batches)
         config.check()
         cost = measured_costs(args.measured) if args.measured else args.cost
         traced = measured_bubble(args.measured) if args.measured else None
         if args.schedule == "all":
-            return compare(args.stages, args.micro_batches, config.chunks, cost, args.defer_wgrad)
-        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks,
+            return compare(args.stages, args.micro_batches, config.chunks_per_stage, cost, args.defer_wgrad)
+        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks_per_stage,
                                     args.defer_wgrad)
     except ValueError as e:          # one line naming the value and the fix, exit code 2
         print(f"error: {as_flags(str(e))}", file=sys.stderr)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 from pipe.core.config import Config
-from pipe.schedules import CHUNKS
+from pipe.schedules import CHUNKS_PER_STAGE
 
 __all__ = ["PipelineConfig", "as_flags"]
 
@@ -25,7 +25,7 @@ def as_flags(message):
 
 @dataclass
 class PipelineConfig(Config):
-    chunks: Optional[int] = None         # v: model chunks per stage (None: pipe.schedules.CHUNKS)
+    chunks_per_stage: Optional[int] = None         # v: model chunks per stage (None: pipe.schedules.CHUNKS_PER_STAGE)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     defer_wgrad: Optional[bool] = None   # weight gradients at the flush, over all micro-batches at once
@@ -38,13 +38,13 @@ class PipelineConfig(Config):
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
 
     def __post_init__(self):
-        if self.chunks is None:
-            self.chunks = CHUNKS.get(self.schedule, 1)
+        if self.chunks_per_stage is None:
+            self.chunks_per_stage = CHUNKS_PER_STAGE.get(self.schedule, 1)
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        if not isinstance(self.chunks, int) or self.chunks < 1:
-            raise ValueError(f"chunks={self.chunks!r} must be a positive integer")
+        if not isinstance(self.chunks_per_stage, int) or self.chunks_per_stage < 1:
+            raise ValueError(f"chunks_per_stage={self.chunks_per_stage!r} must be a positive integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if self.precision == "bf16":

@@ -86,7 +86,7 @@ class Layout:
         """The layout a checkpoint records in its meta.json (resuming may use another)."""
         c = self.config
         return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
-                "chunks": c.chunks, "bounds": [list(b) for b in self.all_bounds]}
+                "chunks_per_stage": c.chunks_per_stage, "bounds": [list(b) for b in self.all_bounds]}
 
 
 def distinct_params(chunks):
@@ -120,7 +120,7 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
         layout.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers,
                                                             layout.any_composite)
         layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
-                                           config.chunks, layout.defer_wgrad)
+                                           config.chunks_per_stage, layout.defer_wgrad)
     return layout
 
 
@@ -129,10 +129,10 @@ def build_layout(model, loss_fn, config, rank, costs):
     topo = Topology(config.stages, config.data_parallel)
     if isinstance(model, LayerBuilders):
         model.build_tied()
-    P, M, v = config.stages, config.micro_batches, config.chunks
+    P, M, v = config.stages, config.micro_batches, config.chunks_per_stage
     schedule = checked_schedule(config.schedule, P, M, v, bool(config.defer_wgrad))
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
-    all_bounds = stage_bounds(model, P, costs, chunks=v)
+    all_bounds = stage_bounds(model, P, costs, chunks_per_stage=v)
     chunks, bounds, names = [], [], []
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)

@@ -98,22 +98,22 @@ def profile_layers(model, x, repeats=5, clock=time.perf_counter):
     return costs
 
 
-def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks=1):
-    """[(first, last + 1)] layer indices per virtual stage: `stages` x `chunks` of them.
+def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks_per_stage=1):
+    """[(first, last + 1)] layer indices per virtual stage: `stages` x `chunks_per_stage` of them.
 
     method: "uniform" (equal layer counts, the extra layers go to the first stages),
     "parameters" (balance the parameter count), a list of layer counts per virtual stage,
     or a tuple of per-layer costs (from `profile_layers`) to balance.
     """
     layers = len(model)
-    if stages * chunks > layers:
+    if stages * chunks_per_stage > layers:
         raise ValueError(
             f"cannot split {layers} layers into stages={stages}: every stage needs at least one "
-            f"layer; use stages={layers} or fewer, or a deeper model" if chunks == 1 else
-            f"cannot split {layers} layers into stages={stages} x chunks={chunks} = "
-            f"{stages * chunks} virtual stages: every one needs at least one layer; use fewer "
-            "stages or chunks, or a deeper model")
-    stages *= chunks
+            f"layer; use stages={layers} or fewer, or a deeper model" if chunks_per_stage == 1 else
+            f"cannot split {layers} layers into stages={stages} x chunks_per_stage={chunks_per_stage} = "
+            f"{stages * chunks_per_stage} virtual stages: every one needs at least one layer; use fewer "
+            "stages or chunks_per_stage, or a deeper model")
+    stages *= chunks_per_stage
     if isinstance(method, tuple):
         if len(method) != layers:
             raise ValueError(f"{len(method)} layer costs given for a model of {layers} layers")

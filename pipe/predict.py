@@ -31,9 +31,9 @@ class Infer(nn.Cell):
 
 def forward_only(schedule):
     """`schedule`'s placement, lowered, with only forwards: GPipe's first half."""
-    F = [Action("F", m, c) for c in range(schedule.chunks) for m in range(schedule.micro_batches)]
+    F = [Action("F", m, c) for c in range(schedule.chunks_per_stage) for m in range(schedule.micro_batches)]
     return lower(type(schedule)("forward-only", schedule.stages, schedule.micro_batches,
-                                [list(F) for _ in range(schedule.stages)], schedule.chunks))
+                                [list(F) for _ in range(schedule.stages)], schedule.chunks_per_stage))
 
 
 def split_for_predict(config, inputs):

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 from pipe.core.schedule import Action, Schedule, gpipe, one_f_one_b
 
-__all__ = ["VSchedule", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "SCHEDULES", "CHUNKS",
-           "EVERY", "make_schedule", "with_deferred_wgrad", "micro_batches_of",
+__all__ = ["VSchedule", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "SCHEDULES",
+           "CHUNKS_PER_STAGE", "EVERY", "make_schedule", "with_deferred_wgrad", "micro_batches_of",
            "splits_backward", "defers_wgrad", "peak_in_flight", "action_costs"]
 
 EVERY = -1           # the micro-batch of a W deferred to the flush: all of the step's
@@ -47,8 +47,8 @@ def defers_wgrad(schedule):
     return any(a.kind == "W" and a.mb == EVERY for actions in schedule.actions for a in actions)
 
 
-def interleaved_1f1b(stages, micro_batches, chunks=2):
-    """Interleaved 1F1B (Narayanan et al., 2021): each stage holds `chunks` model chunks that
+def interleaved_1f1b(stages, micro_batches, chunks_per_stage=2):
+    """Interleaved 1F1B (Narayanan et al., 2021): each stage holds `chunks_per_stage` chunks that
     are not adjacent (stage s: virtual stages s, s+P, ...). Micro-batches go through the
     chunks in groups of P, so a stage can start chunk 1 of the first micro-batches while the
     later stages still work on chunk 0. Warm-up is longer, 2(P-r-1) + (v-1)P forwards (at
@@ -66,23 +66,24 @@ def interleaved_1f1b(stages, micro_batches, chunks=2):
         raise ValueError(f"interleaved 1F1B needs the micro-batches ({micro_batches}) to be a "
                          f"multiple of the stages ({stages}): use micro_batches="
                          f"{(micro_batches // stages + 1) * stages}")
-    total = micro_batches * chunks
+    total = micro_batches * chunks_per_stage
 
     def unit(k, backward):
         """The k-th forward (or backward) of a stage: (micro-batch, chunk)."""
-        group, within = divmod(k, stages * chunks)
+        group, within = divmod(k, stages * chunks_per_stage)
         chunk = within // stages
-        return group * stages + within % stages, (chunks - 1 - chunk) if backward else chunk
+        return group * stages + within % stages, (chunks_per_stage - 1 - chunk) if backward else chunk
 
     actions = []
     for stage in range(stages):
-        warmup = min(total, 2 * (stages - stage - 1) + (chunks - 1) * stages)
+        warmup = min(total, 2 * (stages - stage - 1) + (chunks_per_stage - 1) * stages)
         order = [Action("F", *unit(k, False)) for k in range(warmup)]
         for k in range(total - warmup):                         # steady state
             order += [Action("F", *unit(warmup + k, False)), Action("B", *unit(k, True))]
         order += [Action("B", *unit(k, True)) for k in range(total - warmup, total)]  # cool-down
         actions.append(order)
-    return Schedule("interleaved-1f1b", stages, micro_batches, actions, chunks=chunks)
+    return Schedule("interleaved-1f1b", stages, micro_batches, actions,
+                    chunks_per_stage=chunks_per_stage)
 
 
 def zb_h1(stages, micro_batches):
@@ -165,7 +166,7 @@ def zb_v(stages, micro_batches):
         run(*[("I", 0), ("W", 0)] * (stages - stage))
         run(*[("W", 1)] * (padded - done[("W", 1)]), *[("W", 0)] * (padded - done[("W", 0)]))
         actions.append([a for a in order if a.mb < micro_batches])
-    return VSchedule("zb-v", stages, micro_batches, actions, chunks=2)
+    return VSchedule("zb-v", stages, micro_batches, actions, chunks_per_stage=2)
 
 
 def dualpipe_v(stages, micro_batches):
@@ -246,12 +247,12 @@ def dualpipe_v(stages, micro_batches):
         while waiting:                                   # 8 nW
             W()
         actions.append(order)
-    return VSchedule("dualpipe-v", stages, micro_batches, actions, chunks=2)
+    return VSchedule("dualpipe-v", stages, micro_batches, actions, chunks_per_stage=2)
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
              "zb-h1": zb_h1, "zb-v": zb_v, "dualpipe-v": dualpipe_v}
-CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}   # default chunks per stage; else 1
+CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}   # default chunks per stage; else 1
 
 
 def with_deferred_wgrad(schedule):
@@ -277,22 +278,23 @@ def with_deferred_wgrad(schedule):
     return replace(schedule, actions=actions)
 
 
-def make_schedule(name, stages, micro_batches, chunks=1, defer_wgrad=False):
-    """The named schedule's compute actions (`chunks` model chunks per stage: any number for
-    interleaved 1F1B, 2 for ZB-V and DualPipeV, else 1), its W deferred to the flush when
+def make_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgrad=False):
+    """The named schedule's compute actions (`chunks_per_stage`: any number for interleaved
+    1F1B, 2 for ZB-V and DualPipeV, else 1), its W deferred to the flush when
     `defer_wgrad`."""
-    schedule = _named_schedule(name, stages, micro_batches, chunks)
+    schedule = _named_schedule(name, stages, micro_batches, chunks_per_stage)
     return with_deferred_wgrad(schedule) if defer_wgrad else schedule
 
 
-def _named_schedule(name, stages, micro_batches, chunks):
+def _named_schedule(name, stages, micro_batches, chunks_per_stage):
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved-1f1b":
-        return interleaved_1f1b(stages, micro_batches, chunks)
-    if chunks != CHUNKS.get(name, 1):
-        raise ValueError(f"chunks={chunks}: schedule={name!r} runs {CHUNKS.get(name, 1)} chunk(s) "
-                         "per stage; only interleaved-1f1b takes other counts")
+        return interleaved_1f1b(stages, micro_batches, chunks_per_stage)
+    if chunks_per_stage != CHUNKS_PER_STAGE.get(name, 1):
+        raise ValueError(f"chunks_per_stage={chunks_per_stage}: schedule={name!r} runs "
+                         f"{CHUNKS_PER_STAGE.get(name, 1)} chunk(s) per stage; only "
+                         "interleaved-1f1b takes other counts")
     return SCHEDULES[name](stages, micro_batches)
 
 

@@ -152,9 +152,9 @@ def format_position(schedule, stage, index, context=6):
     return "\n".join(lines)
 
 
-def checked_schedule(name, stages, micro_batches, chunks=1, defer_wgrad=False):
+def checked_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgrad=False):
     """The named schedule with its messages, refused if the simulator finds a deadlock."""
-    schedule = lower(make_schedule(name, stages, micro_batches, chunks, defer_wgrad))
+    schedule = lower(make_schedule(name, stages, micro_batches, chunks_per_stage, defer_wgrad))
     simulate(schedule)
     return schedule
 

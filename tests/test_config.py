@@ -17,9 +17,9 @@ def test_library_errors_name_config_fields_and_programs_show_their_flags():
 
 
 def test_interleaved_defaults_to_two_chunks_per_rank():
-    assert PipelineConfig(schedule="interleaved-1f1b").chunks == 2
-    assert PipelineConfig(schedule="1f1b").chunks == 1
-    assert PipelineConfig(schedule="interleaved-1f1b", chunks=3).chunks == 3
+    assert PipelineConfig(schedule="interleaved-1f1b").chunks_per_stage == 2
+    assert PipelineConfig(schedule="1f1b").chunks_per_stage == 1
+    assert PipelineConfig(schedule="interleaved-1f1b", chunks_per_stage=3).chunks_per_stage == 3
 
 
 def test_switches_take_only_true_or_false():
@@ -52,7 +52,7 @@ def test_precision_is_checked_up_front(config, message):
 
 # A value other than the default for every config field an example may take as a flag.
 FLAG_VALUES = {"stages": "2", "data_parallel": "2", "micro_batches": "2", "batch_size": "8",
-               "schedule": "zb-v", "chunks": "2", "partition": "parameters", "recompute": None,
+               "schedule": "zb-v", "chunks_per_stage": "2", "partition": "parameters", "recompute": None,
                "defer_wgrad": None, "one_graph": None, "timeout": "9", "seed": "5",
                "precision": "fp16", "clip_grad_norm": "0.5", "device": "GPU"}
 

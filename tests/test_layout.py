@@ -19,7 +19,7 @@ def test_a_rank_holds_its_chunks_under_whole_model_names():
                                                "7.weight", "7.bias"]
     assert layout.chunks[1].is_last and not layout.chunks[0].is_last and layout.tied == {}
     assert layout.describe() == {"stages": 2, "data_parallel": 1, "schedule": "interleaved-1f1b",
-                                 "chunks": 2, "bounds": [[0, 2], [2, 4], [4, 6], [6, 8]]}
+                                 "chunks_per_stage": 2, "bounds": [[0, 2], [2, 4], [4, 6], [6, 8]]}
 
 
 def test_the_second_replica_runs_the_same_stage_on_other_rows():
@@ -35,8 +35,8 @@ def test_more_virtual_stages_than_layers_is_refused_naming_stages_and_chunks():
     config = PipelineConfig(stages=2, micro_batches=2, batch_size=2, schedule="zb-v")
     with pytest.raises(ValueError) as err:
         build_layout(model, nn.MSELoss(), config, 0, "uniform")
-    assert str(err.value) == ("cannot split 3 layers into stages=2 x chunks=2 = 4 virtual stages: "
-                              "every one needs at least one layer; use fewer stages or chunks, or "
+    assert str(err.value) == ("cannot split 3 layers into stages=2 x chunks_per_stage=2 = 4 virtual stages: "
+                              "every one needs at least one layer; use fewer stages or chunks_per_stage, or "
                               "a deeper model")
 
 

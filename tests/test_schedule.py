@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 
 from pipe.core.schedule import lower, message_key
-from pipe.schedules import (CHUNKS, EVERY, SCHEDULES, action_costs, defers_wgrad, make_schedule,
+from pipe.schedules import (CHUNKS_PER_STAGE, EVERY, SCHEDULES, action_costs, defers_wgrad, make_schedule,
                             peak_in_flight, splits_backward)
 from pipe.simulator import format_table, simulate
 
@@ -225,7 +225,7 @@ def test_lowered_messages_of_two_stage_1f1b():
 
 def build(name, stages, micro_batches, chunks=2):
     return lower(make_schedule(name, stages, micro_batches,
-                               chunks if name == "interleaved-1f1b" else CHUNKS.get(name, 1)))
+                               chunks if name == "interleaved-1f1b" else CHUNKS_PER_STAGE.get(name, 1)))
 
 
 def compute(schedule, rank):
@@ -262,10 +262,10 @@ def test_schedule_invariants(name, stages, micro_batches):
     for rank, actions in enumerate(schedule.actions):
         compute = [(a.kind, a.mb, a.chunk) for a in actions if a.is_compute]
         # every micro-batch's F and B (or I and W) exactly once per model chunk, in that order
-        expected = [(k, m, c) for k in kinds for m in range(micro_batches) for c in range(schedule.chunks)]
+        expected = [(k, m, c) for k in kinds for m in range(micro_batches) for c in range(schedule.chunks_per_stage)]
         assert sorted(compute) == sorted(expected)
         for m in range(micro_batches):
-            for c in range(schedule.chunks):
+            for c in range(schedule.chunks_per_stage):
                 places = [compute.index((k, m, c)) for k in kinds]
                 assert places == sorted(places)
         peak = peak_in_flight(schedule, rank)          # held from F until the last of B, W
@@ -281,7 +281,7 @@ def test_schedule_invariants(name, stages, micro_batches):
             assert peak == 2 * stages + 1
     sends, recvs = message_pairs(schedule)
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
-    crossings = schedule.virtual_stages - 1 - (schedule.chunks == 2 and name != "interleaved-1f1b")   # a V turns on one stage
+    crossings = schedule.virtual_stages - 1 - (schedule.chunks_per_stage == 2 and name != "interleaved-1f1b")   # a V turns on one stage
     assert len(sends) == 2 * crossings * micro_batches
     simulate(schedule)                      # blocking semantics: raises if it could hang
 
@@ -319,16 +319,16 @@ def test_deferred_wgrad_keeps_f_and_b_and_ends_each_chunk_with_one_w(name, stage
     if name == "interleaved-1f1b" and stages == 1:
         return
     plain = build(name, stages, micro_batches)
-    schedule = lower(make_schedule(name, stages, micro_batches, plain.chunks, defer_wgrad=True))
+    schedule = lower(make_schedule(name, stages, micro_batches, plain.chunks_per_stage, defer_wgrad=True))
     assert splits_backward(schedule) and defers_wgrad(schedule)
     for rank in range(stages):
         actions = compute(schedule, rank)
         assert [a for a in actions if a.kind != "W"] == [replace(a, kind="I") if a.kind == "B" else a
                                                          for a in compute(plain, rank) if a.kind != "W"]
-        flush = actions[-plain.chunks:]
-        assert [a.kind for a in flush] == ["W"] * plain.chunks and all(a.mb == EVERY for a in flush)
-        assert sorted(a.chunk for a in flush) == list(range(plain.chunks))
-        assert peak_in_flight(schedule, rank) == plain.chunks * micro_batches
+        flush = actions[-plain.chunks_per_stage:]
+        assert [a.kind for a in flush] == ["W"] * plain.chunks_per_stage and all(a.mb == EVERY for a in flush)
+        assert sorted(a.chunk for a in flush) == list(range(plain.chunks_per_stage))
+        assert peak_in_flight(schedule, rank) == plain.chunks_per_stage * micro_batches
     assert sorted(message_pairs(schedule)[0]) == sorted(message_pairs(plain)[0])
     simulate(schedule)
 

@@ -48,8 +48,8 @@ def parser():
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=64)
     add_precision_flag(p)
-    p.add_argument("--chunks", type=positive_int, default=None,
-                   help="model chunks per rank for interleaved-1f1b (default 2)")
+    p.add_argument("--chunks-per-stage", type=positive_int, default=None,
+                   help="model chunks per stage for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--build", choices=["whole", "own"], default="whole",

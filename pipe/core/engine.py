@@ -179,7 +179,7 @@ class Engine:
             example(spec), batch.labels[0]))
         s, schedule, ranks = self.stage, self.schedule, self.topo.pipeline_ranks(self.replica)
         x, specs = batch.inputs[0], {}
-        for c in range(schedule.chunks):
+        for c in range(schedule.chunks_per_stage):
             vs = schedule.virtual_stage(s, c)
             if vs == 0:
                 specs[vs] = spec_of(x)

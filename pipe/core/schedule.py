@@ -42,11 +42,11 @@ class Schedule:
     stages: int
     micro_batches: int
     actions: list                  # actions[stage] -> [Action, ...]
-    chunks: int = 1
+    chunks_per_stage: int = 1
 
     @property
     def virtual_stages(self):
-        return self.stages * self.chunks
+        return self.stages * self.chunks_per_stage
 
     def stage_of(self, virtual_stage):
         return virtual_stage % self.stages
