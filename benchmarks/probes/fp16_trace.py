@@ -1,0 +1,118 @@
+"""Where an fp16 step's device time goes: MindSpore's own step against pipe's, kernel by kernel.
+
+    python benchmarks/probes/fp16_trace.py --model large --impl mindspore --trace /root/t
+    python benchmarks/probes/fp16_trace.py --model gpt --impl pipe --trace /root/t
+
+Models as the benchmark has them (the large and small MLPs, the GPT-2-small-sized GPT);
+impls: `mindspore` (its own compiled step as benchmarks/benchmark.py and gpt_benchmark.py
+time it: the MLP's with no loss scale), `mindspore-scaled` (the MLP's, with the loss
+scaled by S and the gradients divided by S and checked finite, as the GPT's own step does
+and pipe does), `pipe` (pipe's defaults). Prints the median step over 3 windows, then
+traces 3 steps (benchmarks/probes/device_trace.py: it needs libcupti.so on
+LD_LIBRARY_PATH) and prints each step's busy time and its costliest kernels.
+"""
+import os
+import sys
+
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import gpt_benchmark  # noqa: E402
+from benchmark import Float32Loss, build_model, own_random_weights, peak_memory, timed  # noqa: E402
+from builtin_pipeline import builtin_train_step  # noqa: E402
+from device_trace import summary, trace  # noqa: E402
+from pipe import cli  # noqa: E402
+from pipe.cli import Parser  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+
+SIZES = {"large": (16, 8192, 8192, 1024), "small": (8, 1024, 784, 64)}   # layers, hidden, inputs, batch
+TRACED = 3
+
+
+class ScaledStep(nn.Cell):
+    """MindSpore's own MLP step with a static loss scale: the loss x S, the gradients / S,
+    checked finite, then SGD (what the GPT's own step does in fp16)."""
+
+    def __init__(self, model, loss_fn, scale=2.0 ** 16):
+        super().__init__()
+        self.net = nn.WithLossCell(model, loss_fn)
+        self.scale = ms.Tensor(scale, ms.float32)
+        self.weights = ms.ParameterTuple(model.trainable_params())
+        self.grad = ms.value_and_grad(self.scaled, None, self.weights)
+        self.optimizer = nn.SGD(self.weights, learning_rate=1e-3)
+
+    def scaled(self, x, y):
+        return self.net(x, y) * self.scale
+
+    @ms.jit
+    def construct(self, x, y):
+        loss, grads = self.grad(x, y)
+        grads = tuple(g / self.scale for g in grads)
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        return ops.depend(loss / self.scale, self.optimizer(grads)), finite
+
+
+def mlp_step(args):
+    layers, hidden, inputs, batch = SIZES[args.model]
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((batch, inputs)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 10, batch).astype(np.int32))
+    model = build_model(layers, hidden, inputs, init="zeros")
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    if args.impl == "pipe":
+        config = PipelineConfig(micro_batches=1, batch_size=batch, device=args.device,
+                                precision=args.precision)
+        engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
+        own_random_weights(model, 0, len(model), seed=0)
+        return lambda: engine.train_step(x, y)
+    own_random_weights(model, 0, len(model), seed=0)
+    if args.precision == "fp16":
+        for layer in model.cells():
+            layer.to_float(ms.float16)
+        loss_fn = Float32Loss(loss_fn)
+    if args.impl == "mindspore-scaled":
+        step = ScaledStep(model, loss_fn)
+        return lambda: step(x, y)[0].asnumpy()
+    step = builtin_train_step(model, loss_fn, nn.SGD(model.trainable_params(), learning_rate=1e-3),
+                              1, 1, None)
+    return lambda: step(x, y).asnumpy()
+
+
+def gpt_step(args):
+    gargs = gpt_benchmark.parse_args(["--precision", args.precision])
+    if args.impl == "pipe":
+        return gpt_benchmark.pipe_step(gargs, args.device)[0]
+    return gpt_benchmark.mindspore_step(gargs)[0]
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["large", "small", "gpt"], default="large")
+    p.add_argument("--impl", choices=["mindspore", "mindspore-scaled", "pipe"], default="pipe")
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
+    p.add_argument("--trace", metavar="DIR", help="trace 3 steps into DIR and summarize them")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", choices=["GPU", "CPU"], default="GPU", help="CPU: a smoke test")
+    args = p.parse_args(argv)
+    ms.set_device(args.device)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    step = gpt_step(args) if args.model == "gpt" else mlp_step(args)
+    windows = timed(step, args)
+    print(f"{args.model} {args.impl} {args.precision}: {sorted(windows)[1] * 1e3:.2f} ms per step "
+          f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)}), peak "
+          f"{peak_memory(args.device) / 2**30:.2f} GiB", flush=True)
+    if args.trace:
+        trace(step, TRACED, args.trace)
+        print("\n".join(summary(args.trace, TRACED, top=25)), flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)
