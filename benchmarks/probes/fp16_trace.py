@@ -7,8 +7,9 @@ Models as the benchmark has them (the large and small MLPs, the GPT-2-small-size
 impls: `mindspore` (its own compiled step as benchmarks/benchmark.py and gpt_benchmark.py
 time it: the MLP's with no loss scale), `mindspore-scaled` (the MLP's, with the loss
 scaled by S and the gradients divided by S and checked finite, as the GPT's own step does
-and pipe does), `pipe` (pipe's defaults). Prints the median step over 3 windows, then
-traces 3 steps (benchmarks/probes/device_trace.py: it needs libcupti.so on
+and pipe does), `pipe` (pipe's defaults), `pipe-update-outside` (the same, its optimizer
+stepped after the graph, as with several replicas). Prints the median step over 3 windows
+(with --host-profile, the host's costliest Python calls over 10 more steps), then traces 3 steps (benchmarks/probes/device_trace.py: it needs libcupti.so on
 LD_LIBRARY_PATH) and prints each step's busy time and its costliest kernels.
 """
 import os
@@ -65,7 +66,7 @@ def mlp_step(args):
     y = ms.Tensor(rng.integers(0, 10, batch).astype(np.int32))
     model = build_model(layers, hidden, inputs, init="zeros")
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    if args.impl == "pipe":
+    if args.impl.startswith("pipe"):
         config = PipelineConfig(micro_batches=1, batch_size=batch, device=args.device,
                                 precision=args.precision)
         engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
@@ -86,7 +87,7 @@ def mlp_step(args):
 
 def gpt_step(args):
     gargs = gpt_benchmark.parse_args(["--precision", args.precision])
-    if args.impl == "pipe":
+    if args.impl.startswith("pipe"):
         return gpt_benchmark.pipe_step(gargs, args.device)[0]
     return gpt_benchmark.mindspore_step(gargs)[0]
 
@@ -94,7 +95,9 @@ def gpt_step(args):
 def main(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["large", "small", "gpt"], default="large")
-    p.add_argument("--impl", choices=["mindspore", "mindspore-scaled", "pipe"], default="pipe")
+    p.add_argument("--impl", choices=["mindspore", "mindspore-scaled", "pipe", "pipe-update-outside"],
+                   default="pipe")
+    p.add_argument("--host-profile", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
     p.add_argument("--trace", metavar="DIR", help="trace 3 steps into DIR and summarize them")
     p.add_argument("--steps", type=int, default=10)
@@ -104,11 +107,20 @@ def main(argv=None):
     args = p.parse_args(argv)
     ms.set_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    if args.impl == "pipe-update-outside":
+        import pipe.engine
+        pipe.engine.updates_in_graph = lambda layout: False
     step = gpt_step(args) if args.model == "gpt" else mlp_step(args)
     windows = timed(step, args)
     print(f"{args.model} {args.impl} {args.precision}: {sorted(windows)[1] * 1e3:.2f} ms per step "
           f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)}), peak "
           f"{peak_memory(args.device) / 2**30:.2f} GiB", flush=True)
+    if args.host_profile:
+        import cProfile
+        import pstats
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step() for _ in range(10)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(14)
     if args.trace:
         trace(step, TRACED, args.trace)
         print("\n".join(summary(args.trace, TRACED, top=25)), flush=True)
