@@ -98,6 +98,7 @@ def main(argv=None):
     p.add_argument("--impl", choices=["mindspore", "mindspore-scaled", "pipe", "pipe-update-outside"],
                    default="pipe")
     p.add_argument("--host-profile", action="store_true")
+    p.add_argument("--graph-kernel", action="store_true", help="MindSpore's graph kernel fusion on")
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
     p.add_argument("--trace", metavar="DIR", help="trace 3 steps into DIR and summarize them")
     p.add_argument("--steps", type=int, default=10)
@@ -107,12 +108,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     ms.set_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    if args.graph_kernel:
+        ms.set_context(enable_graph_kernel=True)
     if args.impl == "pipe-update-outside":
         import pipe.engine
         pipe.engine.updates_in_graph = lambda layout: False
     step = gpt_step(args) if args.model == "gpt" else mlp_step(args)
     windows = timed(step, args)
-    print(f"{args.model} {args.impl} {args.precision}: {sorted(windows)[1] * 1e3:.2f} ms per step "
+    print(f"{args.model} {args.impl} {args.precision}{' graph-kernel' * args.graph_kernel}: {sorted(windows)[1] * 1e3:.2f} ms per step "
           f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)}), peak "
           f"{peak_memory(args.device) / 2**30:.2f} GiB", flush=True)
     if args.host_profile:
