@@ -98,7 +98,8 @@ def main(argv=None):
     p.add_argument("--impl", choices=["mindspore", "mindspore-scaled", "pipe", "pipe-update-outside"],
                    default="pipe")
     p.add_argument("--host-profile", action="store_true")
-    p.add_argument("--graph-kernel", action="store_true", help="MindSpore's graph kernel fusion on")
+    p.add_argument("--graph-kernel", action="store_true",
+                   help="MindSpore's graph kernel fusion on (on the GPU kit: its kernel build fails)")
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
     p.add_argument("--trace", metavar="DIR", help="trace 3 steps into DIR and summarize them")
     p.add_argument("--steps", type=int, default=10)
