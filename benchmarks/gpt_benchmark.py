@@ -80,13 +80,13 @@ class OwnStep(nn.Cell):
     """MindSpore's own training step: the token mean's gradients (in fp16: float16 layers,
     float32 logits, the loss x S and the gradients / S, checked finite) and Adam, one graph."""
 
-    def __init__(self, model, half, scale=2.0 ** 16):
+    def __init__(self, model, half, scale=2.0 ** 16, optimizer=None):
         super().__init__()
         self.model, self.loss, self.half = model, gpt.TokenLoss(), half
         self.scale = ms.Tensor(scale if half else 1.0, ms.float32)
         self.weights = ms.ParameterTuple(model.trainable_params())
         self.grad = ms.value_and_grad(self.scaled, None, self.weights)
-        self.optimizer = nn.Adam(self.weights, learning_rate=1e-4)
+        self.optimizer = optimizer or nn.Adam(self.weights, learning_rate=1e-4)
 
     def scaled(self, ids, targets):
         total, count = self.loss(self.model(ids).astype(ms.float32), targets)

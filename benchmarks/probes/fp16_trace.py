@@ -19,7 +19,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
-from mindspore import nn, ops  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -36,27 +36,16 @@ SIZES = {"large": (16, 8192, 8192, 1024), "small": (8, 1024, 784, 64)}   # layer
 TRACED = 3
 
 
-class ScaledStep(nn.Cell):
+class ScaledStep(gpt_benchmark.OwnStep):
     """MindSpore's own MLP step with a static loss scale: the loss x S, the gradients / S,
-    checked finite, then SGD (what the GPT's own step does in fp16)."""
+    checked finite, then SGD (the GPT's own step with the MLP's loss and optimizer)."""
 
-    def __init__(self, model, loss_fn, scale=2.0 ** 16):
-        super().__init__()
+    def __init__(self, model, loss_fn):
+        super().__init__(model, True, optimizer=nn.SGD(model.trainable_params(), learning_rate=1e-3))
         self.net = nn.WithLossCell(model, loss_fn)
-        self.scale = ms.Tensor(scale, ms.float32)
-        self.weights = ms.ParameterTuple(model.trainable_params())
-        self.grad = ms.value_and_grad(self.scaled, None, self.weights)
-        self.optimizer = nn.SGD(self.weights, learning_rate=1e-3)
 
     def scaled(self, x, y):
         return self.net(x, y) * self.scale
-
-    @ms.jit
-    def construct(self, x, y):
-        loss, grads = self.grad(x, y)
-        grads = tuple(g / self.scale for g in grads)
-        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
-        return ops.depend(loss / self.scale, self.optimizer(grads)), finite
 
 
 def mlp_step(args):
