@@ -86,7 +86,8 @@ def main(argv=None):
     name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
     try:
         config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
-                                schedule=name, chunks_per_stage=args.chunks_per_stage, batch_size=args.micro_batches)
+                                schedule=name, chunks_per_stage=args.chunks_per_stage,
+                                batch_size=args.micro_batches)
         config.check()
         cost = measured_costs(args.measured) if args.measured else args.cost
         traced = measured_bubble(args.measured) if args.measured else None

@@ -25,7 +25,7 @@ def as_flags(message):
 
 @dataclass
 class PipelineConfig(Config):
-    chunks_per_stage: Optional[int] = None         # v: model chunks per stage (None: pipe.schedules.CHUNKS_PER_STAGE)
+    chunks_per_stage: Optional[int] = None   # v (None: pipe.schedules.CHUNKS_PER_STAGE's)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     defer_wgrad: Optional[bool] = None   # weight gradients at the flush, over all micro-batches at once

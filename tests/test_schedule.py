@@ -262,7 +262,8 @@ def test_schedule_invariants(name, stages, micro_batches):
     for rank, actions in enumerate(schedule.actions):
         compute = [(a.kind, a.mb, a.chunk) for a in actions if a.is_compute]
         # every micro-batch's F and B (or I and W) exactly once per model chunk, in that order
-        expected = [(k, m, c) for k in kinds for m in range(micro_batches) for c in range(schedule.chunks_per_stage)]
+        expected = [(k, m, c) for k in kinds for m in range(micro_batches)
+                    for c in range(schedule.chunks_per_stage)]
         assert sorted(compute) == sorted(expected)
         for m in range(micro_batches):
             for c in range(schedule.chunks_per_stage):
@@ -281,7 +282,8 @@ def test_schedule_invariants(name, stages, micro_batches):
             assert peak == 2 * stages + 1
     sends, recvs = message_pairs(schedule)
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)
-    crossings = schedule.virtual_stages - 1 - (schedule.chunks_per_stage == 2 and name != "interleaved-1f1b")   # a V turns on one stage
+    v_turns = schedule.chunks_per_stage == 2 and name != "interleaved-1f1b"   # a V turns on one stage
+    crossings = schedule.virtual_stages - 1 - v_turns
     assert len(sends) == 2 * crossings * micro_batches
     simulate(schedule)                      # blocking semantics: raises if it could hang
 
