@@ -14,8 +14,10 @@
 #                                               step as one compiled graph)
 #          --defer-wgrad / --no-defer-wgrad (W once per step over all micro-batches, or per
 #                                            micro-batch; default: pipe chooses)
-#          --precision fp32|fp16 (fp16: float16 compute, float32 weights, loss scaling;
-#                                 the built-in gets its layers cast alike, with no loss scale)
+#          --precision fp32|fp16 (fp16: float16 compute, float32 weights, loss scaling; on
+#                                 one GPU MindSpore's step is its own O2 recipe, loss scaled
+#                                 alike; its pipeline gets its layers cast, no loss scale)
+#          --tf32 (GPU: float32 products in TF32, pipe's and MindSpore's alike)
 #          --steps N (per window)  --repeats R (windows; the table shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
@@ -24,6 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=10 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
+TF32=""
 REPEATS=3 HEADLINE=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,9 +36,9 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;                  --devices) DEVICES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;                      --trace) TRACE=1; shift ;;
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
-    --precision) PRECISION=$2; shift 2 ;;
+    --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
     --repeats) REPEATS=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,6 +62,7 @@ else
   DEVICE=CPU; FOUND=2
 fi
 DEVICES=${DEVICES:-$FOUND}
+[ -z "$TF32" ] || [ "$DEVICE" = GPU ] || bad "--tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which multiplies in float32 whatever it is set to: drop --tf32"
 if [ "$LAYOUT" != all ]; then   # a layout the devices cannot hold: say so, before any run
   NEED=$(( ${LAYOUT%x*} * ${LAYOUT#*x} ))
   [ "$NEED" -le "$DEVICES" ] || bad "--layout $LAYOUT needs $NEED devices, and there are $DEVICES ($DEVICE): use a layout of at most $DEVICES, or --devices N"
@@ -79,7 +83,7 @@ launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS window
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
   set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
-    --precision "$PRECISION" "$@"
+    --precision "$PRECISION" $TF32 "$@"
   if [ "$n" -eq 1 ]; then
     python benchmarks/benchmark.py "$@"
   elif [ "$DEVICE" = CPU ]; then
@@ -94,7 +98,7 @@ launch_gpt() {  # launch_gpt N WHAT ARGS...: gpt_benchmark.py on N processes (pi
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
   set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
-    --precision "$PRECISION" --peak-tflops "$PEAK" "$@"
+    --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" "$@"
   if [ "$n" -eq 1 ]; then
     python benchmarks/gpt_benchmark.py "$@" | grep -v "^pipe chose"
   elif [ "$DEVICE" = CPU ]; then
@@ -109,7 +113,7 @@ launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, s
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
   python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) \
-    benchmarks/torch_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" "$@" \
+    benchmarks/torch_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" $TF32 "$@" \
     > "$OUT/logs/torch.out" 2>&1 || { echo "  failed: torch $*"; tail -n 5 "$OUT/logs/torch.out"; }
 }
 say() { [ "$COUNTING" = 1 ] || echo "$@"; }
@@ -130,7 +134,8 @@ gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MF
   if [ "$DEVICE" = CPU ]; then GSIZE="--layers 2 --width 64 --heads 4 --context 64 --batch-size 8"
   else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 16"
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in   # dense peaks
-      *H100*|*H200*) PEAK=$([ "$PRECISION" = fp32 ] && echo 67 || echo 989) ;; esac
+      *H100*|*H200*) PEAK=989                                     # fp16
+        [ "$PRECISION" = fp32 ] && PEAK=$([ -n "$TF32" ] && echo 495 || echo 67) ;; esac
   fi
 }
 headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices

@@ -27,14 +27,16 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
-from builtin_pipeline import builtin_train_step, set_parallel_context  # noqa: E402
+from builtin_pipeline import builtin_train_step, mixed_precision_step, set_parallel_context  # noqa: E402
 from timing import median_windows  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
+from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
+                      precision_name)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
+from pipe.precision import set_matmul_precision  # noqa: E402
 from pipe.trace import Tracer, host_costs, merge_traces  # noqa: E402
 
 
@@ -85,6 +87,14 @@ def own_random_weights(model, first, last, seed):
             p.set_data(initializer(HeUniform() if p.ndim > 1 else "zeros", p.shape, p.dtype))
 
 
+def set_tf32(args, device):
+    """--tf32 for MindSpore's own step as well (the reference multiplies as pipe does),
+    refused off GPU as pipe's config refuses it."""
+    config = PipelineConfig(device=device, tf32=args.tf32)
+    config.check()
+    set_matmul_precision(config)
+
+
 def peak_memory(device):
     if device == "CPU":
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -107,12 +117,15 @@ def builtin_run(args, device, model, bounds, loss_fn, x, y):
         rank = get_rank()
     stage, replica = rank // D, rank % D
     own_random_weights(model, *bounds[stage], seed=0)
-    if args.precision == "fp16":         # its layers cast as pipe's are, the loss float32 (no
-        for layer in model.cells():      # loss scale: its pipeline documents no mixed precision)
-            layer.to_float(ms.float16)
-        loss_fn = Float32Loss(loss_fn)
     optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
-    step = builtin_train_step(model, loss_fn, optimizer, P, args.micro_batches, bounds)
+    if args.precision == "fp16" and P * D == 1 and device == "GPU":
+        step = mixed_precision_step(model, loss_fn, optimizer)     # its O2: loss scaled, as pipe's
+    else:
+        if args.precision == "fp16":     # its layers cast as pipe's are, the loss float32 (no loss
+            for layer in model.cells():  # scale: its pipeline documents no mixed precision, and
+                layer.to_float(ms.float16)   # on CPU it has no dynamic loss scale)
+            loss_fn = Float32Loss(loss_fn)
+        step = builtin_train_step(model, loss_fn, optimizer, P, args.micro_batches, bounds)
     rows = args.batch_size // D
     xs, ys = ms.Tensor(x[replica * rows:(replica + 1) * rows]), ms.Tensor(y[replica * rows:(replica + 1) * rows])
     return rank, stage, timed(lambda: step(xs, ys).asnumpy(), args)
@@ -128,7 +141,7 @@ def pipe_run(args, device, schedule, wire, x, y):
                             batch_size=args.batch_size, schedule=schedule,
                             partition=args.partition, recompute=args.recompute, device=device,
                             defer_wgrad=args.defer_wgrad, one_graph=args.one_graph,
-                            precision=args.precision)
+                            precision=args.precision, tf32=args.tf32)
     engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, learning_rate=1e-3), config,
                             wire, sample=x[:args.batch_size // (D * args.micro_batches)])
     for first, last in engine.layout.bounds:          # this rank's model chunks
@@ -163,7 +176,8 @@ def main(argv=None):
     common = {"label": args.label, "device": device, "stages": P, "data_parallel": D,
               "micro_batches": args.micro_batches, "layers": args.layers, "hidden": args.hidden,
               "batch_size": args.batch_size, "partition": args.partition,
-              "recompute": args.recompute, "precision": args.precision}
+              "recompute": args.recompute, "precision": precision_name(args)}
+    set_tf32(args, device)               # (MindSpore's own step too)
     rows = []
     if args.impl == "builtin":           # the parallel context must precede the network
         set_parallel_context(P, D)

@@ -30,11 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 import model as gpt  # noqa: E402  (the example's own module)
-from benchmark import peak_memory  # noqa: E402
+from benchmark import peak_memory, set_tf32  # noqa: E402
 from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
+from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
+                      precision_name)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -113,7 +114,7 @@ def mindspore_step(args):
 def pipe_step(args, device):
     config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
                             batch_size=args.batch_size, device=device, precision=args.precision,
-                            defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
+                            tf32=args.tf32, defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
     ids, targets = map(ms.Tensor, data(args))
     engine.train_step(ids, targets)      # (pipe makes its choices at the first step)
@@ -134,6 +135,7 @@ def main(argv=None):
     device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_device(device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    set_tf32(args, device)               # (MindSpore's own step too)
     if device != "CPU":
         ms.runtime.reset_peak_memory_stats()
     step, chose, params = mindspore_step(args) if args.impl == "mindspore" else pipe_step(args, device)
@@ -145,7 +147,7 @@ def main(argv=None):
               "hidden": args.width, "heads": args.heads, "context": args.context,
               "batch_size": args.batch_size, "stages": devices, "data_parallel": 1,
               "schedule": "1f1b" if devices > 1 else "-", "micro_batches": args.micro_batches,
-              "precision": args.precision, "params": params, "flops_per_step": flops,
+              "precision": precision_name(args), "params": params, "flops_per_step": flops,
               "peak_tflops": args.peak_tflops or None, "devices": devices,
               "peak_memory_bytes": peak_memory(device), **chose}
     with open(args.results, "a") as f:   # one short line per window: appends do not interleave
@@ -156,7 +158,7 @@ def main(argv=None):
                                 "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
     best = sorted(windows)[len(windows) // 2]
     if chose["rank"] == 0:
-        print(f"{args.impl} {args.precision} P={devices} M={args.micro_batches} "
+        print(f"{args.impl} {precision_name(args)} P={devices} M={args.micro_batches} "
               f"(defer_wgrad={chose['defer_wgrad']}, one_graph={chose['one_graph']}): "
               f"{best * 1e3:.1f} ms per step, {tokens / best:,.0f} tokens/s, peak "
               f"{peak_memory(device) / 2**30:.2f} GiB", flush=True)

@@ -84,8 +84,9 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
     args = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False          # fp32 as MindSpore's default computes it
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32      # off: fp32 as MindSpore's default computes it
     model = GPT(args.layers, args.width, args.heads, args.context).to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     half = args.precision == "fp16"

@@ -93,13 +93,14 @@ def main():
     p.add_argument("--repeats", type=positive_int, default=1, help="windows (the report takes the median)")
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--results", help="append a JSON line per schedule and window (benchmarks/report.py)")
+    p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
     args = p.parse_args()
     gpu = torch.cuda.is_available()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if gpu else "cpu")
     if gpu:
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dist.init_process_group("nccl" if gpu else "gloo")
     for name in args.schedule:
         if gpu:
@@ -115,7 +116,8 @@ def main():
                     f.write(json.dumps({
                         "impl": "torch", "schedule": name, "stages": world, "data_parallel": 1,
                         "micro_batches": args.micro_batches, "layers": args.layers,
-                        "hidden": args.hidden, "batch_size": args.batch_size, "precision": "fp32",
+                        "hidden": args.hidden, "batch_size": args.batch_size,
+                        "precision": "fp32+tf32" if args.tf32 else "fp32",
                         "rank": 0, "stage": 0, "repeat": repeat, "step_ms": seconds * 1e3,
                         "samples_per_s": args.batch_size / seconds,
                         "peak_memory_bytes": torch.cuda.max_memory_allocated() if gpu else

@@ -10,7 +10,7 @@ from pipe.config import PipelineConfig, as_flags
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
-           "add_speed_flags", "config_from", "run"]
+           "add_speed_flags", "config_from", "run", "precision_name"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,9 +49,17 @@ def add_layout_flags(parser, batch_size):
 
 def add_precision_flag(parser):
     """--precision: fp16 computes in float16 on float32 weights with a loss scale
-    (pipe.precision); bf16 is named so that pipe can say why it is refused."""
+    (pipe.precision); bf16 is named so that pipe can say why it is refused. --tf32: float32
+    products in TF32 on GPU."""
     parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
+    parser.add_argument("--tf32", action="store_true",
+                        help="GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)")
+
+
+def precision_name(args):
+    """How a results row names its precision: fp32, fp32+tf32 or fp16."""
+    return args.precision + "+tf32" * args.tf32
 
 
 def add_speed_flags(parser):

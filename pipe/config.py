@@ -33,6 +33,7 @@ class PipelineConfig(Config):
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
     one_graph: Optional[bool] = None     # run each step as one compiled graph (pipe.step_graph)
     precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.precision)
+    tf32: bool = False                   # GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
     loss_scale_window: int = 2000        # fp16: clean steps before S doubles
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
@@ -53,6 +54,12 @@ class PipelineConfig(Config):
                              "on CPU); use precision='fp16' (with loss scaling) or precision='fp32'")
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision={self.precision!r} must be 'fp32' or 'fp16'")
+        if not isinstance(self.tf32, bool):
+            raise ValueError(f"tf32={self.tf32!r} must be True or False")
+        if self.tf32 and self.device != "GPU":
+            raise ValueError(f"tf32=True is an NVIDIA GPU's matrix-product mode, and device="
+                             f"{self.device!r} multiplies in float32 whatever it is set to; drop "
+                             "tf32=True or use device='GPU'")
         if not 1 <= self.loss_scale < float("inf"):
             raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
         if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:

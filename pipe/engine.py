@@ -29,7 +29,7 @@ from pipe.handshake import StageCheck, agreed
 from pipe.layout import plan
 from pipe.memory import Memory
 from pipe.normalized_loss import TokenCount, loss_sum
-from pipe.precision import LossScaler
+from pipe.precision import LossScaler, set_matmul_precision
 from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.tied import fold_repeats, sum_gradients
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
@@ -57,6 +57,7 @@ class PipelineEngine(Engine):
         os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(),
                                                          f"pipe-compile-rank{wire.rank}"))
         self.sample, self.loss_fn = sample, loss_fn
+        set_matmul_precision(config)     # TF32 on GPU only if asked (pipe.precision)
         super().__init__(model, loss_fn, make_optimizer, config, wire)
         self.one_graph = self.update_in_graph = None   # how steps run (run_as; pipe's choice: choose)
         if config.one_graph is not None:

@@ -21,6 +21,10 @@ float16 on its first steps).
 The cost: each compiled call casts its layers' weights to float16 again (per micro-batch
 in the per-action loop; once per step as one graph, where the compiler merges the casts),
 which at float16 speed is a large share of a step (benchmarks/log.md section 18).
+
+TF32 is the other trade: with `tf32` (GPU only) float32 matrix products round their inputs
+to a 10-bit mantissa on the tensor cores; weights, gradients and everything else stay
+float32. It is the user's choice, never pipe's: the config sets MindSpore's switch.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -28,9 +32,16 @@ from mindspore import nn, ops
 from pipe.relu import is_relu
 
 __all__ = ["LossScaler", "LogitsAsFloat32", "GradAsFloat16", "keeps_float32_input", "to_half",
-           "check_layer_precision"]
+           "check_layer_precision", "set_matmul_precision"]
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def set_matmul_precision(config):
+    """On GPU, float32 products in TF32 exactly when `config.tf32` says so: MindSpore's
+    switch is one per process, and pipe sets it either way so that the config is what runs."""
+    if config.device == "GPU":
+        ms.device_context.gpu.op_precision.matmul_allow_tf32(config.tf32)
 
 
 def to_half(layers):

@@ -2,19 +2,25 @@
 
 `nn.SequentialCell` passes each layer's output to the next as one argument. pipe follows
 DeepSpeed: a tuple output is the next layer's positional arguments (`(hidden, keep)` into
-`construct(self, x, keep)`). `Sequential` chains layers the same way, so the model pipe
-splits and the model one process runs are the same function. Its cells and their names
-are nn.SequentialCell's: checkpoints load into either.
+`construct(self, x, keep)`). `Sequential` chains layers the same way, and as pipe does, a
+layer that is a plain `nn.SequentialCell` (a transformer block written as pieces) is
+chained piece by piece (`pipe.core.chunk.leaves`), so the model pipe splits and the model
+one process runs are the same function. Its cells and their names are nn.SequentialCell's:
+checkpoints load into either.
 """
 from mindspore import nn
 
-from pipe.core.chunk import arguments
+from pipe.core.chunk import arguments, leaves
 
 __all__ = ["Sequential"]
 
 
 class Sequential(nn.SequentialCell):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.pieces = tuple(leaves(list(self.cell_list)))   # (a tuple: named once, as above)
+
     def construct(self, x):
-        for layer in self.cell_list:
+        for layer in self.pieces:
             x = layer(*arguments(x))
         return x

@@ -43,6 +43,9 @@ def test_what_pipe_may_choose_takes_true_false_or_none(field):
     (dict(precision="half"), "precision='half' must be 'fp32' or 'fp16'"),
     (dict(loss_scale=0.5), "loss_scale=0.5 must be a finite number >= 1"),
     (dict(loss_scale_window=0), "loss_scale_window=0 must be a positive integer"),
+    (dict(tf32=1, device="GPU"), "tf32=1 must be True or False"),
+    (dict(tf32=True), "tf32=True is an NVIDIA GPU's matrix-product mode, and device='CPU' "
+                      "multiplies in float32 whatever it is set to; drop tf32=True or use device='GPU'"),
 ])
 def test_precision_is_checked_up_front(config, message):
     with pytest.raises(ValueError) as err:
@@ -54,7 +57,7 @@ def test_precision_is_checked_up_front(config, message):
 FLAG_VALUES = {"stages": "2", "data_parallel": "2", "micro_batches": "2", "batch_size": "8",
                "schedule": "zb-v", "chunks_per_stage": "2", "partition": "parameters", "recompute": None,
                "defer_wgrad": None, "one_graph": None, "timeout": "9", "seed": "5",
-               "precision": "fp16", "clip_grad_norm": "0.5", "device": "GPU"}
+               "precision": "fp16", "tf32": None, "clip_grad_norm": "0.5", "device": "GPU"}
 
 
 @pytest.mark.parametrize("example", [("mnist_train", "mnist"), ("gpt_train", "gpt")])

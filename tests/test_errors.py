@@ -56,6 +56,9 @@ def test_damaged_mnist_file_is_named(tmp_path):
     (["./run_mnist_benchmark.sh", "--precision", "bf16"],
      "error: --precision bf16: MindSpore 2.10 has no bfloat16 kernels on CPU or GPU; use fp16 or "
      "fp32\n"),
+    (["./run_mnist_benchmark.sh", "--tf32"],
+     "error: --tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which "
+     "multiplies in float32 whatever it is set to: drop --tf32\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),

@@ -86,7 +86,8 @@ def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoi
     fresh = LayerBuilders(gpt.gpt_layers(int(argv["--layers"]), int(argv["--width"])), SEED).whole()
     assert ms.load_param_into_net(fresh, ms.load_checkpoint(str(trained / "gpt-example" / "model.ckpt"))) == ([], [])
     loaded = {p.name: p.asnumpy() for p in fresh.trainable_params()}
-    assert fresh[-1].table is fresh[0].token.embedding_table       # still one tied weight
-    assert all(not np.array_equal(loaded[n], start[n]) for n in ("2.table", "1.qkv.weight"))
+    assert fresh[-1][1].table is fresh[0].token.embedding_table    # still one tied weight
+    head = len(fresh) - 1                # (its pieces: the final norm, then the logits)
+    assert all(not np.array_equal(loaded[n], start[n]) for n in (f"{head}.1.table", "1.1.dense.weight"))
     worst = max(float(np.abs(loaded[n] - trained_here[n]).max()) for n in names)
     assert worst < 1e-4, f"the example's checkpoint differs from one process by {worst}"

@@ -1,11 +1,11 @@
 """A small GPT over bytes, as layer builders for pipe, and its text.
 
-    ids (B, T) -> Embed -> (hidden, keep) -> L x Block -> (hidden, keep) -> Head -> logits
+    ids (B, T) -> Embed -> (hidden, keep) -> L x block -> (hidden, keep) -> head -> logits
 
 Between layers travels a tuple: the hidden states and `keep`, an int32 mask that is 1 for
 a real byte and 0 for padding (sequences are padded to their bucket's length). Each layer
 takes the tuple as its arguments (`construct(self, x, keep)`); attention skips padded keys.
-The head's output matrix is the input embedding's table (`Tied(0, Head)`), kept equal on
+The head's output matrix is the input embedding's table (`Tied(0, head)`), kept equal on
 the two stages that hold a copy. The loss is (summed cross-entropy over real targets,
 their number): pipe divides the whole batch's sum by its count, one process's token mean.
 
@@ -37,49 +37,112 @@ class Embed(nn.Cell):
         return self.token(ids) + self.position(ops.arange(ids.shape[1])), keep
 
 
-class Block(nn.Cell):
-    """(x, keep) -> (x, keep): pre-norm causal self-attention over the kept keys, then an MLP."""
+class Norm(nn.Cell):
+    """(x, keep) -> (x, the layer norm of x, keep): the residual stream x goes on beside
+    the branch that starts here."""
 
-    def __init__(self, width, heads):
+    def __init__(self, width):
         super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm((width,)), nn.LayerNorm((width,))
-        self.qkv, self.proj = nn.Dense(width, 3 * width), nn.Dense(width, width)
-        self.up, self.down = nn.Dense(width, 4 * width), nn.Dense(4 * width, width)
+        self.norm = nn.LayerNorm((width,))
 
     def construct(self, x, keep):
+        return x, self.norm(x), keep
+
+
+class Product(nn.Cell):
+    """(x, h, keep) -> (x, dense(h), keep): one product on the branch."""
+
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.dense = nn.Dense(width_in, width_out)
+
+    def construct(self, x, h, keep):
+        return x, self.dense(h), keep
+
+
+class Attend(nn.Cell):
+    """(x, qkv, keep) -> (x, causal self-attention over the kept keys, keep); no weights."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def construct(self, x, qkv, keep):
         b, t, d = x.shape
         h = self.heads
-        q, k, v = ops.split(self.qkv(self.norm1(x)), d, axis=-1)
+        q, k, v = ops.split(qkv, d, axis=-1)
         q, k, v = [z.reshape(b, t, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v)]
         allowed = ops.tril(ops.ones((t, t), ms.int32)) * keep.reshape(b, 1, 1, t) > 0
         scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(d // h)
         scores = ops.where(allowed, scores, ops.full_like(scores, -1e4))   # (float16's range)
         y = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.down(ops.gelu(self.up(self.norm2(x)))), keep
+        return x, y, keep
 
 
-class Head(nn.Cell):
-    """(x, keep) -> logits over the bytes, from the input embedding's own table (or, with
-    no `embed`, a table of its own)."""
+class Gelu(nn.Cell):
+    """(x, h, keep) -> (x, gelu(h), keep)."""
+
+    def construct(self, x, h, keep):
+        return x, ops.gelu(h), keep
+
+
+class Residual(nn.Cell):
+    """(x, h, keep) -> (x + dense(h), keep): the branch's last product, added to the stream."""
+
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.dense = nn.Dense(width_in, width_out)
+
+    def construct(self, x, h, keep):
+        return x + self.dense(h), keep
+
+
+def block(width, heads):
+    """(x, keep) -> (x, keep): pre-norm causal self-attention, then an MLP, as a sequence of
+    pieces whose weights each sit in one cell (one product or one norm). pipe keeps each
+    piece's input and differentiates piece by piece, so a weight gradient (W) is that one
+    product again, over all micro-batches at once if deferred, and not the whole block's
+    forward and backward (pipe.defaults)."""
+    return nn.SequentialCell([Norm(width), Product(width, 3 * width), Attend(heads),
+                              Residual(width, width),
+                              Norm(width), Product(width, 4 * width), Gelu(),
+                              Residual(4 * width, width)])
+
+
+class FinalNorm(nn.Cell):
+    """(x, keep) -> the layer norm of x: the head's first piece."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm((width,))
+
+    def construct(self, x, keep):
+        return self.norm(x)
+
+
+class Logits(nn.Cell):
+    """x -> logits over the bytes, from the input embedding's own table (or, with no
+    `embed`, a table of its own)."""
 
     def __init__(self, width, embed=None):
         super().__init__()
-        self.norm = nn.LayerNorm((width,))
         self.table = embed.token.embedding_table if embed else nn.Embedding(VOCAB, width).embedding_table
 
-    def construct(self, x, keep):
-        x = self.norm(x)      # (a Parameter read directly is cast to the compute dtype by hand)
+    def construct(self, x):   # (a Parameter read directly is cast to the compute dtype by hand)
         return ops.matmul(x, self.table.T.astype(x.dtype))
 
 
+def head(width, embed=None):
+    """(x, keep) -> logits: the final norm, then the product with the (tied) table."""
+    return nn.SequentialCell([FinalNorm(width), Logits(width, embed)])
+
+
 def gpt_layers(layers=4, width=64, heads=4, context=max(BUCKETS), tied=True):
-    """The model as one builder per layer: Embed, `layers` Blocks, and the Head, tied to
+    """The model as one builder per layer: Embed, `layers` blocks, and the head, tied to
     layer 0 (or, `tied` off, with its own table)."""
-    head = Tied(0, lambda embed: Head(width, embed)) if tied else (lambda: Head(width))
+    last = Tied(0, lambda embed: head(width, embed)) if tied else (lambda: head(width))
     return ([lambda: Embed(width, context)] +
-            [lambda: Block(width, heads) for _ in range(layers)] + [head])
+            [lambda: block(width, heads) for _ in range(layers)] + [last])
 
 
 class TokenLoss(nn.Cell):
