@@ -34,19 +34,20 @@ from pipe.precision import set_matmul_precision  # noqa: E402
 
 SIZE = ["--layers", "4", "--width", "256", "--heads", "4", "--context", "128", "--batch-size", "8"]
 STEPS = 3
+OPTIMIZERS = {"adam": lambda ps: nn.Adam(ps, 1e-4), "sgd": lambda ps: nn.SGD(ps, 1e-2)}
 
 
 def mindspore_weights(args, batch):
     model = LayerBuilders(layers(args), 0).whole()
     names = [p.name for p in model.trainable_params()]     # (before the step renames them)
-    step = OwnStep(model, half=False)
+    step = OwnStep(model, half=False, optimizer=OPTIMIZERS[args.optimizer](model.trainable_params()))
     for _ in range(STEPS):
         step(*batch)
     return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}
 
 
 def pipe_weights(args, batch, config):
-    engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
+    engine = PipelineEngine(layers(args), gpt.TokenLoss(), OPTIMIZERS[args.optimizer], config)
     for _ in range(STEPS):
         engine.train_step(*batch)
     return {name: p.asnumpy() for name, p in engine.parameters_dict().items()}
@@ -61,6 +62,7 @@ def main():
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--device", choices=["GPU", "CPU"], default="GPU")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     p.add_argument("--save", help="write MindSpore's weights here (.npz)")
     p.add_argument("--against", type=cli.existing_file, help="MindSpore's weights from the other setting")
     args = p.parse_args()
@@ -70,6 +72,7 @@ def main():
     config.check()
     set_matmul_precision(config)         # (MindSpore's step first: one switch per process)
     model_args = gpt_benchmark.parse_args(SIZE + ["--device", args.device])
+    model_args.optimizer = args.optimizer
     batch = tuple(map(ms.Tensor, data(model_args)))
     own = mindspore_weights(model_args, batch)
     print(f"tf32={args.tf32}: {len(own)} weights after {STEPS} steps")
