@@ -6,14 +6,14 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
 - Deferred W computes each layer's weight gradient once per step, as one matrix product
   over the rows of all M micro-batches, not as M thin products each added into the sum:
   the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
-  cost is memory: every micro-batch keeps its layers' inputs and output gradients until
-  the flush. W differentiates a layer's weights again at its kept input: one product when
-  they sit in one cell (an nn.Dense, a norm), but for a layer whose weights sit in several
-  (a whole transformer block in one construct) the block's forward and backward again:
-  1.6x slower on the GPT example's model when its blocks were written so. pipe defers
-  unless the config says memory is short (`recompute`), a layer holds buffers (batch norm:
-  its gradient over all rows would use their joint statistics) or a layer's weights sit in
-  several cells (docs/models.md: write a block as pieces).
+  cost is memory (every micro-batch keeps its layers' inputs and output gradients until
+  the flush) and, for anything but a Dense, time: W differentiates a layer's weights again
+  at its kept input, and even with the GPT example's blocks cut into pieces of one product
+  each (docs/models.md), deferring measured 1.04x (fp32) and 1.10x (fp16) slower as one
+  graph at M=4 on one H200, 1.10x and 1.16x in the loop (a whole block in one construct:
+  1.6x). So pipe defers unless the config says memory is short (`recompute`), a layer
+  holds buffers (batch norm: its gradient over all rows would use their joint statistics)
+  or a layer with weights is not an nn.Dense.
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
@@ -44,24 +44,21 @@ HOST_BOUND_FLOPS = 1e10
 
 def choose_defer(config, buffers, composite=False):
     """(whether to defer W, why) for `config`; `buffers`: some rank's layers hold buffers;
-    `composite`: some rank has a layer whose weights sit in several cells."""
+    `composite`: some rank has a layer with weights that is not an nn.Dense."""
     if config.recompute:
         return False, "W per micro-batch (recompute says memory is short; deferring keeps " \
                       "every micro-batch's activations until the flush)"
     if buffers:
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
     if composite:
-        return False, ("W per micro-batch (a layer's weights sit in several cells: its W would "
-                       "run the whole layer's forward and backward again)")
+        return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
+                       "its W measured slower on the GPT, even as pieces of one product)")
     return True, "W deferred to the flush (one product per layer over all micro-batches)"
 
 
 def is_composite(layer):
-    """A layer whose W is more than one product or one norm: its weights sit in more than
-    one cell. A table read by index (nn.Embedding) counts for none: its W is a scatter."""
-    owners = [cell for _, cell in layer.cells_and_names()
-              if cell.trainable_params(recurse=False) and not isinstance(cell, nn.Embedding)]
-    return len(owners) > 1
+    """A layer with weights whose deferred W measured slower: anything but an nn.Dense."""
+    return type(layer) is not nn.Dense and bool(layer.trainable_params())
 
 
 def choose_graph(config, flops):

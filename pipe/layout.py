@@ -40,7 +40,7 @@ class Layout:
     tied: dict           # index into `params` -> every rank holding a copy of that weight
     defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: plan)
     any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
-    any_composite: bool = False  # some rank has a layer whose weights sit in several cells (likewise)
+    any_composite: bool = False  # some rank has a weighted layer other than nn.Dense (likewise)
     why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.defaults)
 
     @property
