@@ -22,8 +22,7 @@ CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the ti
 # count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
 # and every step overflowed). Tuples cross the boundaries, in one graph too.
 SCALE = 2.0 ** 16
-FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=True)),
-        "gpt-fp16-1f1b-2x1": (2, dict(stages=2)),
+FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False)),   # B whole
         "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True)),
         "gpt-fp16-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True))}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
