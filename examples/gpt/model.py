@@ -86,12 +86,8 @@ class Gelu(nn.Cell):
         return x, ops.gelu(h), keep
 
 
-class Residual(nn.Cell):
+class Residual(Product):
     """(x, h, keep) -> (x + dense(h), keep): the branch's last product, added to the stream."""
-
-    def __init__(self, width_in, width_out):
-        super().__init__()
-        self.dense = nn.Dense(width_in, width_out)
 
     def construct(self, x, h, keep):
         return x + self.dense(h), keep
