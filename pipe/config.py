@@ -19,8 +19,13 @@ def as_flags(message):
     shows its user the flags instead (`--batch-size 30`): every program names a field's
     flag after it, with dashes."""
     names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
-    return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?",
-                  lambda m: f"--{m.group(1).replace('_', '-')} {m.group(2)}", message)
+    return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?", _flag, message)
+
+
+def _flag(match):
+    """`name=value` as its flag: `--name value`; a switch on or off, `--name` or `--no-name`."""
+    flag, value = match.group(1).replace("_", "-"), match.group(2)
+    return {"True": f"--{flag}", "False": f"--no-{flag}"}.get(value, f"--{flag} {value}")
 
 
 @dataclass

@@ -14,6 +14,7 @@ def test_library_errors_name_config_fields_and_programs_show_their_flags():
     shown = as_flags(str(err.value))
     assert shown == ("--batch-size 30 cannot be split over --data-parallel 2 replicas x --micro-batches 4: "
                      "it must be a multiple of 8; try --batch-size 24")
+    assert as_flags("drop tf32=True or set one_graph=False") == "drop --tf32 or set --no-one-graph"
 
 
 def test_interleaved_defaults_to_two_chunks_per_rank():
