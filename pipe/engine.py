@@ -129,7 +129,8 @@ class PipelineEngine(Engine):
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
             losses, summed, done, overflow = self.graphs[batch.shapes](
                 *replica_rows(batch), masks, scale, self.inverse_scale())
-            done.asnumpy()               # waits inside the watch: a failed message is this step's
+            if self.wire.size > 1:       # waits inside the watch: a failed message is this step's
+                done.asnumpy()           # (alone, no message can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
         return losses, tuple(g for grads in summed for g in grads), overflowed
 
