@@ -18,7 +18,9 @@ __all__ = ["Sequential"]
 class Sequential(nn.SequentialCell):
     def __init__(self, *args):
         super().__init__(*args)
-        self.pieces = tuple(leaves(list(self.cell_list)))   # (a tuple: named once, as above)
+        # A tuple, not a CellList: the pieces are not registered again, so they keep
+        # the names nn.SequentialCell gave them.
+        self.pieces = tuple(leaves(list(self.cell_list)))
 
     def construct(self, x):
         for layer in self.pieces:

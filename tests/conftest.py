@@ -40,8 +40,7 @@ def pytest_collection_finish(session):
     configs = [c for module in sorted(modules, key=lambda m: m.__name__)
                for c in module.matrix(pathlib.Path(root))]
     LAUNCH["job"] = start_many(configs, world=4)   # (4 ranks on 2 cores: one pipeline's
-                                                    # waits are another's compute; alone, the
-                                                    # launch took 324 s so, 343 s on 8)
+                                                    # waits are another's compute; 8 were slower)
 
 
 def pytest_sessionfinish():

@@ -37,17 +37,17 @@ STEPS = 3
 OPTIMIZERS = {"adam": lambda ps: nn.Adam(ps, 1e-4), "sgd": lambda ps: nn.SGD(ps, 1e-2)}
 
 
-def mindspore_weights(args, batch):
+def mindspore_weights(args, batch, make_optimizer):
     model = LayerBuilders(layers(args), 0).whole()
     names = [p.name for p in model.trainable_params()]     # (before the step renames them)
-    step = OwnStep(model, half=False, optimizer=OPTIMIZERS[args.optimizer](model.trainable_params()))
+    step = OwnStep(model, half=False, optimizer=make_optimizer(model.trainable_params()))
     for _ in range(STEPS):
         step(*batch)
     return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}
 
 
-def pipe_weights(args, batch, config):
-    engine = PipelineEngine(layers(args), gpt.TokenLoss(), OPTIMIZERS[args.optimizer], config)
+def pipe_weights(args, batch, make_optimizer, config):
+    engine = PipelineEngine(layers(args), gpt.TokenLoss(), make_optimizer, config)
     for _ in range(STEPS):
         engine.train_step(*batch)
     return {name: p.asnumpy() for name, p in engine.parameters_dict().items()}
@@ -72,12 +72,13 @@ def main():
     config.check()
     set_matmul_precision(config)         # (MindSpore's step first: one switch per process)
     model_args = gpt_benchmark.parse_args(SIZE + ["--device", args.device])
-    model_args.optimizer = args.optimizer
+    make_optimizer = OPTIMIZERS[args.optimizer]
     batch = tuple(map(ms.Tensor, data(model_args)))
-    own = mindspore_weights(model_args, batch)
+    own = mindspore_weights(model_args, batch, make_optimizer)
     print(f"tf32={args.tf32}: {len(own)} weights after {STEPS} steps")
     for one_graph in (False, True):
-        got = pipe_weights(model_args, batch, PipelineConfig(**{**vars(config), "one_graph": one_graph}))
+        run = PipelineConfig(**{**vars(config), "one_graph": one_graph})
+        got = pipe_weights(model_args, batch, make_optimizer, run)
         print(f"  pipe {'one graph' if one_graph else 'loop'} against MindSpore's step: largest "
               f"difference {largest_difference(own, got):.3g}", flush=True)
     if args.save:

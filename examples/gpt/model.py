@@ -105,12 +105,8 @@ def block(width, heads):
                               Residual(4 * width, width)])
 
 
-class FinalNorm(nn.Cell):
-    """(x, keep) -> the layer norm of x: the head's first piece."""
-
-    def __init__(self, width):
-        super().__init__()
-        self.norm = nn.LayerNorm((width,))
+class FinalNorm(Norm):
+    """(x, keep) -> the layer norm of x: the head's first piece (the stream ends here)."""
 
     def construct(self, x, keep):
         return self.norm(x)
