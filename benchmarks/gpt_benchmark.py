@@ -1,6 +1,6 @@
 """Time the GPT example's model (examples/gpt/model.py) on one device: pipe or MindSpore's own step.
 
-    python benchmarks/gpt_benchmark.py --impl mindspore                 # value_and_grad + Adam, one ms.jit
+    python benchmarks/gpt_benchmark.py --impl mindspore                 # MindSpore's own step, one ms.jit
     python benchmarks/gpt_benchmark.py --impl pipe --micro-batches 4    # pipe's defaults
     python benchmarks/gpt_benchmark.py --impl pipe --no-one-graph --precision fp16
     mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4   # a pipeline
@@ -78,8 +78,9 @@ def layers(args):
 
 
 class OwnStep(nn.Cell):
-    """MindSpore's own training step: the token mean's gradients (in fp16: float16 layers,
-    float32 logits, the loss x S and the gradients / S, checked finite) and Adam, one graph."""
+    """MindSpore's own training step: the token mean's gradients and Adam, one graph (with
+    `half`: float16 layers, float32 logits, the loss x S and the gradients / S, checked
+    finite, Adam stepping whatever they hold: benchmarks/probes/fp16_trace.py)."""
 
     def __init__(self, model, half, scale=2.0 ** 16, optimizer=None):
         super().__init__()
@@ -101,12 +102,46 @@ class OwnStep(nn.Cell):
         return ops.depend(loss / self.scale, self.optimizer(grads)), finite
 
 
-def mindspore_step(args):
+class TokenMean(nn.Cell):
+    """The model's token mean over float32 logits: the loss MindSpore's training cells take."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.loss = model, gpt.TokenLoss()
+
+    def construct(self, ids, targets):
+        total, count = self.loss(self.model(ids).astype(ms.float32), targets)
+        return total / count
+
+
+class LossScaledStep(nn.Cell):
+    """MindSpore's own fp16 step, the recipe pipe's fp16 follows: its
+    TrainOneStepWithLossScaleCell over float16 layers, a DynamicLossScaleUpdateCell (S from
+    pipe's 2**16, halved on an overflow, doubled after 2000 clean steps), the step skipped
+    when a gradient overflowed, as one graph. (benchmark.py's MLP step is the same recipe,
+    MindSpore's level O2.)"""
+
+    def __init__(self, model, scale=2.0 ** 16):
+        super().__init__()
+        manager = nn.DynamicLossScaleUpdateCell(scale, 2, 2000)
+        self.step = nn.TrainOneStepWithLossScaleCell(
+            TokenMean(model), nn.Adam(model.trainable_params(), learning_rate=1e-4), manager)
+
+    @ms.jit
+    def construct(self, ids, targets):
+        return self.step(ids, targets)
+
+
+def mindspore_step(args, device):
+    """MindSpore's own step on the GPT; in fp16 on a GPU its loss-scaled recipe (on CPU its
+    TrainOneStepWithLossScaleCell checks overflow with an Ascend operator: OwnStep there)."""
     model = LayerBuilders(layers(args), 0).whole()
-    if args.precision == "fp16":
+    half = args.precision == "fp16"
+    if half:
         for layer in model.cells():
             layer.to_float(ms.float16)
-    step, (ids, targets) = OwnStep(model, args.precision == "fp16"), map(ms.Tensor, data(args))
+    step = LossScaledStep(model) if half and device == "GPU" else OwnStep(model, half)
+    ids, targets = map(ms.Tensor, data(args))
     place = {"rank": 0, "stage": 0, "impl": "builtin", "defer_wgrad": False, "one_graph": True}
     return lambda: step(ids, targets)[0].asnumpy(), place, count_params(model.trainable_params())
 
@@ -138,7 +173,7 @@ def main(argv=None):
     set_tf32(args, device)               # (MindSpore's own step too)
     if device != "CPU":
         ms.runtime.reset_peak_memory_stats()
-    step, chose, params = mindspore_step(args) if args.impl == "mindspore" else pipe_step(args, device)
+    step, chose, params = mindspore_step(args, device) if args.impl == "mindspore" else pipe_step(args, device)
     windows = median_windows(step, args.warmup, args.steps, args.repeats)
     tokens = args.batch_size * args.context
     flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)

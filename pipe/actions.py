@@ -124,7 +124,10 @@ class Actions(nn.Cell):
         self.messages = nn.CellList([Message(p2p, a, compiled) for a in actions if not a.is_compute],
                                    auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
-        self.order = ops.depend if compiled else first
+        # In a graph, tokens keep the list's order: its messages', and its F and B interleaved,
+        # which bounds the memory; one micro-batch with no message has nothing to order.
+        ordered = compiled and (len(self.messages) > 0 or self.micro_batches > 1)
+        self.order = ops.depend if ordered else first
         self.token = ms.Tensor(0.0, ms.float32)
 
     def start(self, kept, waiting):

@@ -127,10 +127,10 @@ class PipelineEngine(Engine):
             summed = actions.summed(state)
             return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, done, overflow = self.graphs[batch.shapes](
+            losses, summed, sent, overflow = self.graphs[batch.shapes](
                 *replica_rows(batch), masks, scale, self.inverse_scale())
             if self.wire.size > 1:       # waits inside the watch: a failed message is this step's
-                done.asnumpy()           # (alone, no message can fail: the loss's read waits)
+                sent.asnumpy()           # (alone, no message can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
         return losses, tuple(g for grads in summed for g in grads), overflowed
 

@@ -60,7 +60,9 @@ class TokenCount(nn.Cell):
 def loss_sum(losses):
     """A rank's micro-batch losses summed, shape (1,) (zero off the last stage): what the
     step's loss all-reduces, in the loop and in the step's graph."""
-    return (ops.stack(losses).sum() if losses else ops.zeros((), ms.float32)).reshape(1)
+    if not losses:
+        return ops.zeros(1, ms.float32)
+    return (losses[0] if len(losses) == 1 else ops.stack(losses).sum()).reshape(1)
 
 
 def is_counted(loss_fn, logits_spec, labels):

@@ -43,12 +43,16 @@ class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     micro-batch first, the loss gradient's scale, 1 / S) -> (this rank's micro-batch losses
     summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
-    chunks, a token set once its work and messages are done, 1.0 if a gradient overflowed
-    else 0.0). Given `update` (the optimizer over the chunks' parameters, in order), it
-    steps too, and hands back no gradients (the small MLP's 18 cost 75-110 us of host per
-    call on one H200); given `unscale` too (fp16 on one rank: pipe.precision.Unscale), the
-    gradients are divided by S first and the step is taken only if none overflowed, as
-    MindSpore's TrainOneStepWithLossScaleCell does.
+    chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0). Given `update` (the optimizer over the chunks' parameters, in order), it
+    steps too, and hands back no gradients (each output costs the host time per call); given
+    `unscale` too (fp16 on one rank: pipe.precision.Unscale), the gradients are divided by S
+    first and the step is taken only if none overflowed, as MindSpore's
+    TrainOneStepWithLossScaleCell does. In fp32 the update is a statement whose value nothing
+    reads, as in MindSpore's own step: MindSpore then runs each weight's update as soon as its
+    gradient is final, which frees that gradient. (Tied to an output, it ran after the whole
+    backward, which kept every gradient alive at once.) For the same reason the token returned
+    is the messages' alone (`sent`), not the one that orders the work (`done`), which the last
+    backward's gradients set.
 
     With other ranks, the engine first compiles it once more (`Cell.compile`, which runs
     nothing) on every rank at once (pipe.handshake.agreed): a graph that fails to compile on
@@ -64,22 +68,27 @@ class StepGraph(nn.Cell):
 
     @ms.jit
     def construct(self, rows, labels_of_rows, masks, scale, inverse):
-        size = rows.shape[0] // self.micro_batches
-        data = (ops.split(rows, size), ops.split(labels_of_rows, size), masks, scale)
+        data = (self.cut(rows), self.cut(labels_of_rows), masks, scale)
         state = self.actions.start({}, {})
         for action in self.actions.program:
             state = self.actions.run(state, action, data)
         summed = self.actions.summed(state)
-        done, overflow = state["done"], ops.zeros(1, ms.float32)
+        sent, overflow = state["sent"], ops.zeros(1, ms.float32)
         if self.update is not None:   # stepped here: no gradient need leave the graph
             flat = ()
             for grads in summed:
                 flat = flat + grads
             summed = ()
             if self.unscale is None:
-                done = ops.depend(done, self.update(flat))
+                self.update(flat)      # a statement, as in MindSpore's own step (see above)
             else:
                 flat, overflow = self.unscale(flat, inverse)
                 if overflow[0] < 0.5:
-                    done = ops.depend(done, self.update(flat))
-        return loss_sum(state["outputs"]), summed, ops.depend(state["sent"], done), overflow
+                    sent = ops.depend(sent, self.update(flat))
+        return loss_sum(state["outputs"]), summed, sent, overflow
+
+    def cut(self, rows):
+        """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""
+        if self.micro_batches == 1:
+            return (rows,)
+        return ops.split(rows, rows.shape[0] // self.micro_batches)

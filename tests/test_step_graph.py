@@ -170,3 +170,30 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
                            PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True))
     fresh.load_parameters(ms.load_checkpoint(str(tmp_path / "model.ckpt")))
     assert all((p.asnumpy() == trained[name]).all() for name, p in fresh.parameters_dict().items())
+
+
+@pytest.mark.parametrize("defer_wgrad", [False, True])
+def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_path):
+    """With the optimizer inside the graph, MindSpore runs each weight's update right after
+    that weight's gradient (summed over 2 micro-batches) is computed, so the gradients are
+    freed one by one, as in MindSpore's own step, rather than every gradient alive until the
+    backward ends: in the kernel graph's execution order (MindSpore's saved IR) the first
+    SGD comes before the last MatMul of the backward."""
+    import glob
+    import re
+    import mindspore as ms
+    from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+    from pipe.engine import PipelineEngine
+    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=2, save_graphs_path=str(tmp_path))
+    try:
+        config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
+        engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"), config)
+        engine.train_step(*batches(7)[0])
+    finally:
+        ms.set_context(save_graphs=0)
+    assert engine.update_in_graph
+    orders = [re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(MatMul|SGD)\(", open(path).read(), re.M)
+              for path in glob.glob(str(tmp_path / "**" / "graph_build_*.ir"), recursive=True)]
+    order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
+    last_product = len(order) - 1 - order[::-1].index("MatMul")
+    assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)

@@ -78,7 +78,7 @@ def gpt_step(args):
     gargs = gpt_benchmark.parse_args(["--precision", args.precision])
     if args.impl.startswith("pipe"):
         return gpt_benchmark.pipe_step(gargs, args.device)[0]
-    return gpt_benchmark.mindspore_step(gargs)[0]
+    return gpt_benchmark.mindspore_step(gargs, args.device)[0]
 
 
 def main(argv=None):
