@@ -43,8 +43,9 @@ class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     micro-batch first, the loss gradient's scale, 1 / S) -> (this rank's micro-batch losses
     summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
-    chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0). Given `update` (the optimizer over the chunks' parameters, in order), it
-    steps too, and hands back no gradients (each output costs the host time per call); given
+    chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0).
+    Given `update` (the optimizer over the chunks' parameters, in order), it steps too, and
+    hands back no gradients (each output costs the host time per call); given
     `unscale` too (fp16 on one rank: pipe.precision.Unscale), the gradients are divided by S
     first and the step is taken only if none overflowed, as MindSpore's
     TrainOneStepWithLossScaleCell does. In fp32 the update is a statement whose value nothing

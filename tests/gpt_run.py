@@ -21,14 +21,17 @@ gpt = load_example("gpt_model", "gpt", "model.py")
 
 SIZE = dict(layers=2, width=16, heads=2, context=16)
 BATCH, LENGTHS = 8, (16, 8, 16)       # the third step has the first's shapes again
+ONE_LENGTH = (16, 16)                  # (each new length compiles every cell again: where a
+                                       # run is about something else, one length, 2 steps)
 
 
-def batches(seed):
-    """Each step's (ids, targets): pieces of the text cut to random lengths, padded."""
+def batches(seed, lengths=LENGTHS):
+    """Each step's (ids, targets), padded to `lengths`: pieces of the text cut to random
+    lengths."""
     rng = np.random.default_rng(seed)
-    pieces = [p for p in gpt.paragraphs(max(LENGTHS)) if len(p) == max(LENGTHS) + 1]
+    pieces = [p for p in gpt.paragraphs(max(lengths)) if len(p) == max(lengths) + 1]
     out = []
-    for n in LENGTHS:
+    for n in lengths:
         chosen = rng.choice(len(pieces), BATCH, replace=False)
         out.append(gpt.pad([pieces[i][:rng.integers(3, n + 2)] for i in chosen], n))
     return out
@@ -50,16 +53,16 @@ def optimizer(params):
     return nn.SGD(params, learning_rate=0.5)
 
 
-def plain_run(seed):
+def plain_run(seed, lengths=LENGTHS):
     """({whole-model parameter name: value}, every step's loss) of one plain process."""
     model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
     names = [p.name for p in model.trainable_params()]     # (before a wrapper renames them)
     step = nn.TrainOneStepCell(TokenMean(model), optimizer(model.trainable_params()))
-    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed)]
+    losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed, lengths)]
     return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}, losses
 
 
-def plain_fp16_run(seed, loss_scale):
+def plain_fp16_run(seed, loss_scale, lengths=LENGTHS):
     """({name: value}, every step's loss, the loss scale after every step) of one plain
     process running the mixed-precision recipe: every layer computes in float16
     (`to_float`) on float32 weights, float32 logits, (sum / count) x S differentiated
@@ -75,7 +78,7 @@ def plain_fp16_run(seed, loss_scale):
         return total / count * s
     weights = model.trainable_params()
     losses, scales = fp16_steps(ms.value_and_grad(scaled_mean, None, weights), optimizer(weights),
-                                loss_scale, batches(seed))
+                                loss_scale, batches(seed, lengths))
     return {n: p.asnumpy() for n, p in zip(names, weights)}, losses, scales
 
 
@@ -98,10 +101,11 @@ def pipe_run(spec, communicator):
     engine = CountingEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer,
                             config, DeadlineWire(120.0, communicator))
     losses, scales = [], []
-    for x, y in batches(spec["seed"]):
+    lengths = spec.get("lengths", LENGTHS)
+    for x, y in batches(spec["seed"], lengths):
         losses.append(engine.train_step(x, y))
         scales.append(engine.scaler.value if engine.scaler else None)
-    engine.save(spec["save"], len(LENGTHS))
+    engine.save(spec["save"], len(lengths))
     return engine, {"losses": losses, "agreed": engine.agreed, "loss_scales": scales}
 
 

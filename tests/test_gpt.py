@@ -6,11 +6,13 @@ tied to the input embedding, given as layer builders (tests/gpt_run.py).
 The pipelines run in the shared launch (conftest.trained); the reference is MindSpore's
 TrainOneStepCell over the unsplit model and the whole batch's token mean, in this process.
 """
+import functools
+
 import mindspore as ms
 import numpy as np
 import pytest
 
-from gpt_run import TokenMean, gpt, plain_fp16_run, plain_run
+from gpt_run import LENGTHS, ONE_LENGTH, TokenMean, gpt, plain_fp16_run, plain_run
 from launch import assert_like_one_process
 from pipe.builders import LayerBuilders
 
@@ -22,9 +24,12 @@ CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the ti
 # count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
 # and every step overflowed). Tuples cross the boundaries, in one graph too.
 SCALE = 2.0 ** 16
-FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False)),   # B whole
-        "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True)),
-        "gpt-fp16-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True))}
+# The 1x1 run steps through new lengths in one graph; the others, about their layouts, one length.
+FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False), LENGTHS),   # B whole
+        "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True),
+                                        ONE_LENGTH),
+        "gpt-fp16-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True),
+                                       ONE_LENGTH)}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
 # a byte sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "--batch-size", "8",
@@ -36,7 +41,8 @@ def matrix(root):
     configs = [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **config}, "seed": SEED, "save": str(root / name)})
                for name, (ranks, config) in CONFIGS.items()]
     configs += [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **fp16, **config}, "seed": SEED,
-                         "save": str(root / name)}) for name, (ranks, config) in FP16.items()]
+                         "lengths": lengths, "save": str(root / name)})
+                for name, (ranks, config, lengths) in FP16.items()]
     return configs + [(2, {"model": "gpt-example", "argv": EXAMPLE + ["--save", str(root / "gpt-example")],
                            "save": str(root / "gpt-example")})]
 
@@ -52,18 +58,19 @@ def test_gpt_trains_like_one_process(trained, plain, name):
         assert result["agreed"] == 2, "the stages agree on each new shape once, not every step"
 
 
-@pytest.fixture(scope="module")
-def plain_fp16():
-    return plain_fp16_run(SEED, SCALE)
+@functools.cache
+def plain_fp16(lengths):
+    return plain_fp16_run(SEED, SCALE, lengths)
 
 
 @pytest.mark.parametrize("name", list(FP16))
-def test_gpt_in_fp16_with_a_token_mean_scales_and_skips_like_one_process(trained, plain_fp16, name):
+def test_gpt_in_fp16_with_a_token_mean_scales_and_skips_like_one_process(trained, name):
     """The mixed-precision recipe in one process: float16 layers, float32 logits,
     (sum / count) x S differentiated. pipe gives the same loss scales after every step,
     the same losses, and weights within float16's round-off."""
-    weights, losses, scales = plain_fp16
-    assert scales == [SCALE] * 3
+    lengths = FP16[name][2]
+    weights, losses, scales = plain_fp16(lengths)
+    assert scales == [SCALE] * len(lengths)
     for rank, result in assert_like_one_process(trained / name, weights, losses, 1e-3, 2e-3).items():
         assert result["loss_scales"] == scales, f"rank {rank}"
 

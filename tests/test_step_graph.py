@@ -103,12 +103,12 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
 @pytest.mark.parametrize("micro_batches,defer_wgrad,modes", [(2, True, (False, True)), (1, False, (True,))])
 def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(micro_batches, defer_wgrad,
                                                                                 modes):
-    """The GPT example's layers on one stage, lengths 16, 8, 16, the (sum, count) loss: 2
-    micro-batches with W deferred (its rows of each (hidden, mask) argument joined per
-    element), one graph bitwise the loop; one micro-batch with B whole. Both like one
-    process's token mean."""
+    """The GPT example's layers on one stage, the (sum, count) loss: 2 micro-batches with W
+    deferred (its rows of each (hidden, mask) argument joined per element), one graph
+    bitwise the loop; one micro-batch with B whole. Both like one process's token mean.
+    (One length: new lengths in one graph are tests/test_gpt.py's.)"""
     import mindspore as ms
-    from gpt_run import BATCH, SIZE, batches, gpt, optimizer, plain_run
+    from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer, plain_run
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     runs = []
@@ -116,11 +116,11 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
         config = PipelineConfig(micro_batches=micro_batches, batch_size=BATCH, one_graph=one_graph,
                                 defer_wgrad=defer_wgrad, seed=3)
         engine = PipelineEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer, config)
-        losses = [engine.train_step(x, y) for x, y in batches(3)]
+        losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
         runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
     (losses, loop), (graph_losses, graph) = runs[0], runs[-1]
     assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
-    weights, plain_losses = plain_run(3)
+    weights, plain_losses = plain_run(3, ONE_LENGTH)
     assert max(float(abs(graph[n] - weights[n]).max()) for n in weights) < 2e-5
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
 
