@@ -1,5 +1,6 @@
 """The small MLP's step, MindSpore's own against pipe's defaults, in one process, window by
-window in turn (A B A B ...), so that both see the same host: on one H200 the two figures
+window in turn (A B A B ...; fp32: MindSpore's fp16 step needs graph mode), so that both
+see the same host: on one H200 the two figures
 moved by more than they differ between runs made one process after the other.
 
     python benchmarks/probes/ab_small.py [--rounds 10] [--steps 50] [--precision fp16]
@@ -23,7 +24,9 @@ from builtin_pipeline import builtin_train_step, mixed_precision_step  # noqa: E
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, add_precision_flag, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
+from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.step_graph import replica_rows  # noqa: E402
 
 LAYERS, HIDDEN, INPUTS, BATCH = 8, 1024, 784, 64
 
@@ -50,7 +53,11 @@ def pipe_step(device, precision, x, y):
     engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                             lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
     own_random_weights(model, 0, LAYERS + 1, seed=0)
-    return lambda: engine.train_step(x, y)
+    engine.train_step(x, y)              # (its first step builds the graph)
+    batch = split(engine.config, x, y, 0)
+    graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
+    args = (*replica_rows(batch), masks, engine.scale_tensor(1.0), engine.inverse_scale())
+    return (lambda: engine.train_step(x, y)), (lambda: graph(*args)[0].asnumpy())
 
 
 def window(step, steps):
@@ -74,8 +81,9 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32))
     y = ms.Tensor(rng.integers(0, 10, BATCH).astype(np.int32))
+    pipe, graph = pipe_step(args.device, args.precision, x, y)
     steps = {"mindspore": mindspore_step(args.device, args.precision == "fp16", x, y),
-             "pipe": pipe_step(args.device, args.precision, x, y)}
+             "pipe": pipe, "graph": graph}
     for step in steps.values():          # compile, warm up
         window(step, 5)
     rounds = [{name: window(step, args.steps) for name, step in steps.items()} for _ in range(args.rounds)]
@@ -85,7 +93,8 @@ def main(argv=None):
     print(f"{args.precision}: MindSpore's step {ms_ms:.3f} ms, pipe's {pipe_ms:.3f} ms; "
           f"pipe / MindSpore per round: median {ratio:.3f}, range "
           f"{min(r['pipe'] / r['mindspore'] for r in rounds):.3f}-"
-          f"{max(r['pipe'] / r['mindspore'] for r in rounds):.3f}", flush=True)
+          f"{max(r['pipe'] / r['mindspore'] for r in rounds):.3f}; pipe's graph called alone "
+          f"{statistics.median(r['graph'] for r in rounds):.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
