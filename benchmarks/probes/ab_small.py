@@ -1,16 +1,15 @@
 """The small MLP's step, MindSpore's own against pipe's defaults, in one process, window by
-window in turn (A B A B ...; fp32: MindSpore's fp16 step needs graph mode), so that both
-see the same host: on one H200 the two figures
+window in turn (A B A B ...), so that both see the same host: on one H200 the two figures
 moved by more than they differ between runs made one process after the other.
 
-    python benchmarks/probes/ab_small.py [--rounds 10] [--steps 50] [--precision fp16]
+    python benchmarks/probes/ab_small.py [--rounds 10] [--steps 50]
 
-The model and batch of the headline (8 x 1024, 784 inputs, B=64, M=1, SGD). Prints each
+The model and batch of the headline (8 x 1024, 784 inputs, B=64, M=1, SGD), fp32 (MindSpore's
+fp16 step, its level O2, runs op by op outside graph mode). Prints each
 one's median over its windows' medians and the median of the rounds' ratios."""
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("GLOG_v", "3")
 
@@ -19,10 +18,11 @@ import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmark import Float32Loss, build_model, own_random_weights  # noqa: E402
-from builtin_pipeline import builtin_train_step, mixed_precision_step  # noqa: E402
+from benchmark import build_model, own_random_weights  # noqa: E402
+from builtin_pipeline import builtin_train_step  # noqa: E402
+from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_precision_flag, positive_int  # noqa: E402
+from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -31,25 +31,18 @@ from pipe.step_graph import replica_rows  # noqa: E402
 LAYERS, HIDDEN, INPUTS, BATCH = 8, 1024, 784, 64
 
 
-def mindspore_step(device, half, x, y):
+def mindspore_step(x, y):
     model = build_model(LAYERS, HIDDEN, INPUTS, init="zeros")
     own_random_weights(model, 0, LAYERS + 1, seed=0)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
-    if half and device == "GPU":
-        step = mixed_precision_step(model, loss_fn, optimizer)
-    else:
-        if half:
-            for layer in model.cells():
-                layer.to_float(ms.float16)
-            loss_fn = Float32Loss(loss_fn)
-        step = builtin_train_step(model, loss_fn, optimizer, 1, 1, None)
+    step = builtin_train_step(model, loss_fn, nn.SGD(model.trainable_params(), learning_rate=1e-3),
+                              1, 1, None)
     return lambda: step(x, y).asnumpy()
 
 
-def pipe_step(device, precision, x, y):
+def pipe_step(device, x, y):
     model = build_model(LAYERS, HIDDEN, INPUTS, init="zeros")
-    config = PipelineConfig(batch_size=BATCH, device=device, precision=precision)
+    config = PipelineConfig(batch_size=BATCH, device=device)
     engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                             lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
     own_random_weights(model, 0, LAYERS + 1, seed=0)
@@ -61,12 +54,8 @@ def pipe_step(device, precision, x, y):
 
 
 def window(step, steps):
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """The median of `steps` calls, in milliseconds (one window of benchmark.py's timing)."""
+    return median_windows(step, 0, steps, 1)[0] * 1e3
 
 
 def main(argv=None):
@@ -74,15 +63,14 @@ def main(argv=None):
     p.add_argument("--rounds", type=positive_int, default=10)
     p.add_argument("--steps", type=positive_int, default=50)
     p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
-    add_precision_flag(p)
     args = p.parse_args(argv)
     ms.set_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32))
     y = ms.Tensor(rng.integers(0, 10, BATCH).astype(np.int32))
-    pipe, graph = pipe_step(args.device, args.precision, x, y)
-    steps = {"mindspore": mindspore_step(args.device, args.precision == "fp16", x, y),
+    pipe, graph = pipe_step(args.device, x, y)
+    steps = {"mindspore": mindspore_step(x, y),
              "pipe": pipe, "graph": graph}
     for step in steps.values():          # compile, warm up
         window(step, 5)
@@ -90,7 +78,7 @@ def main(argv=None):
     ms_ms = statistics.median(r["mindspore"] for r in rounds)
     pipe_ms = statistics.median(r["pipe"] for r in rounds)
     ratio = statistics.median(r["pipe"] / r["mindspore"] for r in rounds)
-    print(f"{args.precision}: MindSpore's step {ms_ms:.3f} ms, pipe's {pipe_ms:.3f} ms; "
+    print(f"fp32: MindSpore's step {ms_ms:.3f} ms, pipe's {pipe_ms:.3f} ms; "
           f"pipe / MindSpore per round: median {ratio:.3f}, range "
           f"{min(r['pipe'] / r['mindspore'] for r in rounds):.3f}-"
           f"{max(r['pipe'] / r['mindspore'] for r in rounds):.3f}; pipe's graph called alone "
