@@ -45,15 +45,16 @@ class StepGraph(nn.Cell):
     summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
     chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0).
     Given `update` (the optimizer over the chunks' parameters, in order), it steps too, and
-    hands back no gradients (each output costs the host time per call); given
-    `unscale` too (fp16 on one rank: pipe.precision.Unscale), the gradients are divided by S
-    first and the step is taken only if none overflowed, as MindSpore's
-    TrainOneStepWithLossScaleCell does. In fp32 the update is a statement whose value nothing
-    reads, as in MindSpore's own step: MindSpore then runs each weight's update as soon as its
-    gradient is final, which frees that gradient. (Tied to an output, it ran after the whole
-    backward, which kept every gradient alive at once.) For the same reason the token returned
-    is the messages' alone (`sent`), not the one that orders the work (`done`), which the last
-    backward's gradients set.
+    hands back no gradients (each output costs the host time per call); given `unscale` too
+    (fp16 on one rank: pipe.precision.Unscale), the gradients are divided by S first and the
+    step is taken only if none overflowed, as MindSpore's TrainOneStepWithLossScaleCell does.
+
+    In fp32 the update is a statement whose value nothing reads, as in MindSpore's own step:
+    MindSpore then runs each weight's update as soon as its gradient is final, which frees
+    that gradient. (Tied to an output, it ran after the whole backward, which kept every
+    gradient alive at once.) For the same reason the token returned is the messages' alone
+    (`sent`), not the one that orders the work (`done`), which the last backward's gradients
+    set. In fp16 every gradient is needed before the overflow check anyway.
 
     With other ranks, the engine first compiles it once more (`Cell.compile`, which runs
     nothing) on every rank at once (pipe.handshake.agreed): a graph that fails to compile on
@@ -84,7 +85,7 @@ class StepGraph(nn.Cell):
                 self.update(flat)      # a statement, as in MindSpore's own step (see above)
             else:
                 flat, overflow = self.unscale(flat, inverse)
-                if overflow[0] < 0.5:
+                if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     sent = ops.depend(sent, self.update(flat))
         return loss_sum(state["outputs"]), summed, sent, overflow
 
