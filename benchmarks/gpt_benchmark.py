@@ -77,31 +77,6 @@ def layers(args):
     return gpt.gpt_layers(args.layers, args.width, args.heads, args.context)
 
 
-class OwnStep(nn.Cell):
-    """MindSpore's own training step: the token mean's gradients and Adam, one graph (with
-    `half`: float16 layers, float32 logits, the loss x S and the gradients / S, checked
-    finite, Adam stepping whatever they hold: benchmarks/probes/fp16_trace.py)."""
-
-    def __init__(self, model, half, scale=2.0 ** 16, optimizer=None):
-        super().__init__()
-        self.model, self.loss, self.half = model, gpt.TokenLoss(), half
-        self.scale = ms.Tensor(scale if half else 1.0, ms.float32)
-        self.weights = ms.ParameterTuple(model.trainable_params())
-        self.grad = ms.value_and_grad(self.scaled, None, self.weights)
-        self.optimizer = optimizer or nn.Adam(self.weights, learning_rate=1e-4)
-
-    def scaled(self, ids, targets):
-        total, count = self.loss(self.model(ids).astype(ms.float32), targets)
-        return total / count * self.scale
-
-    @ms.jit
-    def construct(self, ids, targets):
-        loss, grads = self.grad(ids, targets)
-        grads = tuple(g / self.scale for g in grads)
-        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
-        return ops.depend(loss / self.scale, self.optimizer(grads)), finite
-
-
 class TokenMean(nn.Cell):
     """The model's token mean over float32 logits: the loss MindSpore's training cells take."""
 
@@ -112,6 +87,30 @@ class TokenMean(nn.Cell):
     def construct(self, ids, targets):
         total, count = self.loss(self.model(ids).astype(ms.float32), targets)
         return total / count
+
+
+class OwnStep(nn.Cell):
+    """MindSpore's own training step: the token mean's gradients and Adam, one graph (with
+    `half`: float16 layers, float32 logits, the loss x S and the gradients / S, checked
+    finite, Adam stepping whatever they hold: benchmarks/probes/fp16_trace.py)."""
+
+    def __init__(self, model, half, scale=2.0 ** 16, optimizer=None):
+        super().__init__()
+        self.token_mean, self.half = TokenMean(model), half
+        self.scale = ms.Tensor(scale if half else 1.0, ms.float32)
+        self.weights = ms.ParameterTuple(model.trainable_params())
+        self.grad = ms.value_and_grad(self.scaled, None, self.weights)
+        self.optimizer = optimizer or nn.Adam(self.weights, learning_rate=1e-4)
+
+    def scaled(self, ids, targets):
+        return self.token_mean(ids, targets) * self.scale
+
+    @ms.jit
+    def construct(self, ids, targets):
+        loss, grads = self.grad(ids, targets)
+        grads = tuple(g / self.scale for g in grads)
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        return ops.depend(loss / self.scale, self.optimizer(grads)), finite
 
 
 class LossScaledStep(nn.Cell):
