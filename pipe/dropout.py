@@ -101,11 +101,13 @@ class Masks:
 
     def of(self, spec, draw=None):
         """The dropout layers' keep masks for an input of `spec` (learned); `draw` None
-        keeps every unit."""
+        keeps every unit. A compiled call takes them as variables (`ms.mutable`): a tuple of
+        tensors is otherwise a constant of the graph, compiled again for every new mask."""
         shapes = self.shapes.get(spec)
-        return tuple(ops.ones(shapes[k], ms.float32) if draw is None else
-                     draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)
-                     for k, layer in enumerate(self.layers) if is_dropout(layer))
+        masks = tuple(ops.ones(shapes[k], ms.float32) if draw is None else
+                      draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)
+                      for k, layer in enumerate(self.layers) if is_dropout(layer))
+        return ms.mutable(masks) if masks else masks
 
     def _input_shapes(self, x):
         shapes = []

@@ -193,8 +193,9 @@ class PipelineEngine(Engine):
         `drawn` off: keeping every unit, for their shapes)."""
         step = draws(self.config, batch, self.step) if drawn else [None] * len(batch.cut)
         held = self.layout.virtual_stages_held
-        return tuple(chunk.masks.of(p2p.specs[vs], step[m])
-                     for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
+        masks = tuple(chunk.masks.of(p2p.specs[vs], step[m])
+                      for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
+        return ms.mutable(masks) if any(masks) else masks     # (variables of the graph: pipe.dropout)
 
     @property
     def defer_wgrad(self):

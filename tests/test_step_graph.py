@@ -197,3 +197,30 @@ def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_pat
     order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
     last_product = len(order) - 1 - order[::-1].index("MatMul")
     assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)
+
+
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
+    """Each step's dropout masks are new tensors, inputs of the compiled calls as variables:
+    after the first steps, more steps compile no graph (MindSpore writes one IR file per
+    compile; a tuple of tensors passed as a constant compiled every step again)."""
+    import glob
+    import mindspore as ms
+    import numpy as np
+    from pipe.engine import PipelineEngine
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]
+        config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=one_graph, defer_wgrad=False)
+        engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+            sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+        compiled = []
+        for _ in range(2):
+            engine.train_step(x, y)
+            engine.train_step(x, y)
+            compiled.append(len(glob.glob(str(tmp_path / "**" / "*.ir"), recursive=True)))
+    finally:
+        ms.set_context(save_graphs=0)
+    assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
