@@ -1,6 +1,9 @@
 """pipe.step_graph: a rank's lowered actions as the constants its handlers branch on
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
+import glob
+from contextlib import contextmanager
+
 import pytest
 from mindspore import nn
 
@@ -172,6 +175,18 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
     assert all((p.asnumpy() == trained[name]).all() for name, p in fresh.parameters_dict().items())
 
 
+@contextmanager
+def saved_graphs(directory, level):
+    """Inside, MindSpore writes the IR of each graph it compiles under `directory`
+    (`save_graphs` at `level`); yields `files(pattern)`, the IR files written so far."""
+    import mindspore as ms
+    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=level, save_graphs_path=str(directory))
+    try:
+        yield lambda pattern="*.ir": glob.glob(str(directory / "**" / pattern), recursive=True)
+    finally:
+        ms.set_context(save_graphs=0)
+
+
 @pytest.mark.parametrize("defer_wgrad", [False, True])
 def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_path):
     """With the optimizer inside the graph, MindSpore runs each weight's update right after
@@ -179,21 +194,16 @@ def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_pat
     freed one by one, as in MindSpore's own step, rather than every gradient alive until the
     backward ends: in the kernel graph's execution order (MindSpore's saved IR) the first
     SGD comes before the last MatMul of the backward."""
-    import glob
     import re
-    import mindspore as ms
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
     from pipe.engine import PipelineEngine
-    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=2, save_graphs_path=str(tmp_path))
-    try:
+    with saved_graphs(tmp_path, level=2) as files:
         config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
         engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"), config)
         engine.train_step(*batches(7)[0])
-    finally:
-        ms.set_context(save_graphs=0)
     assert engine.update_in_graph
     orders = [re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(MatMul|SGD)\(", open(path).read(), re.M)
-              for path in glob.glob(str(tmp_path / "**" / "graph_build_*.ir"), recursive=True)]
+              for path in files("graph_build_*.ir")]
     order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
     last_product = len(order) - 1 - order[::-1].index("MatMul")
     assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)
@@ -204,14 +214,11 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     """Each step's dropout masks are new tensors, inputs of the compiled calls as variables:
     after the first steps, more steps compile no graph (MindSpore writes one IR file per
     compile; a tuple of tensors passed as a constant compiled every step again)."""
-    import glob
-    import mindspore as ms
     import numpy as np
     from pipe.engine import PipelineEngine
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
-    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=1, save_graphs_path=str(tmp_path))
-    try:
+    with saved_graphs(tmp_path, level=1) as files:
         layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]
         config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=one_graph, defer_wgrad=False)
         engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
@@ -220,7 +227,5 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
         for _ in range(2):
             engine.train_step(x, y)
             engine.train_step(x, y)
-            compiled.append(len(glob.glob(str(tmp_path / "**" / "*.ir"), recursive=True)))
-    finally:
-        ms.set_context(save_graphs=0)
+            compiled.append(len(files()))
     assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
