@@ -248,7 +248,7 @@ class PipelineEngine(Engine):
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
                           self.scaler.unscale_cell if stepping and self.scaler else None)
         if self.wire.size > 1:
-            agreed(self.wire, lambda: graph.compile(*replica_rows(batch), self.dropout_masks(
+            agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
                 batch, p2p, drawn=False), self.one, self.inverse_scale()),
                 "compiling the step as one graph")
         self.graphs[batch.shapes] = graph

@@ -15,6 +15,7 @@ back after each backward piece inside the graph, as in the loop (pipe.batchnorm)
 """
 import mindspore as ms
 from mindspore import nn, ops
+from mindspore.graph.api import _JitExecutor   # (StepGraph.prepare says why)
 
 from pipe.core.engine import as_tensor
 from pipe.normalized_loss import loss_sum
@@ -56,11 +57,9 @@ class StepGraph(nn.Cell):
     (`sent`), not the one that orders the work (`done`), which the last backward's gradients
     set. In fp16 every gradient is needed before the overflow check anyway.
 
-    With other ranks, the engine first compiles it once more (`Cell.compile`, which runs
-    nothing) on every rank at once (pipe.handshake.agreed): a graph that fails to compile on
-    one rank is refused on all before any of them waits on a message. (Running it through
-    `compile_and_run` would save that second compile, but costs ~0.6 ms of host per step
-    on one H200: the small MLP's step went from 2.3 to 2.9 ms.)"""
+    With other ranks, the engine compiles it first (`prepare`, which runs nothing) on every
+    rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
+    refused on all before any of them waits on a message."""
 
     def __init__(self, actions, update=None, unscale=None):
         """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions)."""
@@ -88,6 +87,15 @@ class StepGraph(nn.Cell):
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     sent = ops.depend(sent, self.update(flat))
         return loss_sum(state["outputs"]), summed, sent, overflow
+
+    def prepare(self, *inputs):
+        """Compile the step for these inputs without running it; its first call with inputs
+        of the same shapes then runs what this compiled. (MindSpore has no public call for
+        this: `Cell.compile` builds another graph, GRAPH_MODE's, which a `jit` call does not
+        use, so every first step compiled twice. This is what a `jit` call does before it
+        runs: its executor's `compile`.)"""
+        construct = type(self).construct.__wrapped__
+        _JitExecutor(construct, 0, obj=self).compile(construct.__name__, *inputs)
 
     def cut(self, rows):
         """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""

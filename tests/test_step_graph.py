@@ -229,3 +229,29 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
             engine.train_step(x, y)
             compiled.append(len(files()))
     assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
+
+
+def test_a_prepared_step_runs_what_was_compiled(tmp_path):
+    """With other ranks the engine compiles the step before its first call, on every rank at
+    once (StepGraph.prepare, the dropout masks keeping every unit): that call then runs what
+    was compiled, with this step's masks, and compiles nothing more."""
+    import numpy as np
+    from pipe.core.engine import split
+    from pipe.engine import PipelineEngine
+    from pipe.step_graph import StepGraph, replica_rows
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]
+    config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=True, defer_wgrad=False)
+    engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+    engine.train_step(x, y)
+    batch = split(engine.config, x, y, 0)
+    built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
+    graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
+    rest = engine.one, engine.inverse_scale()
+    with saved_graphs(tmp_path, level=1) as files:
+        graph.prepare(*replica_rows(batch), engine.dropout_masks(batch, p2p, drawn=False), *rest)
+        prepared = len(files())
+        graph(*replica_rows(batch), engine.dropout_masks(batch, p2p), *rest)
+        assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
