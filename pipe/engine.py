@@ -70,7 +70,6 @@ class PipelineEngine(Engine):
         self.predicting = {}             # predict's batch shapes -> (handlers, messages, output spec)
         self.loops = {}                  # batch shapes -> the handlers, run one by one
         self.graphs = {}                 # batch shapes -> the same handlers as one graph
-        self.one = ms.Tensor(1.0, ms.float32)   # the step graph's 1 / S in fp32
         self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
@@ -126,11 +125,12 @@ class PipelineEngine(Engine):
                 (batch.inputs, batch.labels, masks, scale))
             summed = actions.summed(state)
             return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None
+        graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow = self.graphs[batch.shapes](
+            losses, summed, sent, overflow = graph(
                 *replica_rows(batch), masks, scale, self.inverse_scale())
-            if self.wire.size > 1:       # waits inside the watch: a failed message is this step's
-                sent.asnumpy()           # (alone, no message can fail: the loss's read waits)
+            if graph.sends:              # waits inside the watch: a failed message is this step's
+                sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
         return losses, tuple(g for grads in summed for g in grads), overflowed
 
@@ -149,8 +149,8 @@ class PipelineEngine(Engine):
         return self.scale[1]
 
     def inverse_scale(self):
-        """1 / S, as the step's graph takes it (1 in fp32)."""
-        return self.scaler.inverse() if self.scaler else self.one
+        """1 / S, for a step graph that unscales (fp16 on one rank); for any other, nothing."""
+        return self.scaler.inverse() if self.scaler and self.update_in_graph else ()
 
     def update_weights(self, grads):
         """Unscale (fp16), sum over tied copies and replicas, clip, step."""
@@ -249,7 +249,7 @@ class PipelineEngine(Engine):
                           self.scaler.unscale_cell if stepping and self.scaler else None)
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
-                batch, p2p, drawn=False), self.one, self.inverse_scale()),
+                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale()),
                 "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 

@@ -46,9 +46,14 @@ class StepGraph(nn.Cell):
     summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
     chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0).
     Given `update` (the optimizer over the chunks' parameters, in order), it steps too, and
-    hands back no gradients (each output costs the host time per call); given `unscale` too
-    (fp16 on one rank: pipe.precision.Unscale), the gradients are divided by S first and the
-    step is taken only if none overflowed, as MindSpore's TrainOneStepWithLossScaleCell does.
+    hands back no gradients; given `unscale` too (fp16 on one rank:
+    pipe.precision.Unscale), the gradients are divided by S first and the step is taken
+    only if none overflowed, as MindSpore's TrainOneStepWithLossScaleCell does.
+
+    What a call has no use for is `()`, in and out: 1 / S unless it unscales, the token
+    unless the rank has messages, the overflow flag unless it unscales. Each tensor in or
+    out costs the host time per call (~20 us on CPU: benchmarks/probes/call_cost.py), as
+    much as a small model's operators.
 
     In fp32 the update is a statement whose value nothing reads, as in MindSpore's own step:
     MindSpore then runs each weight's update as soon as its gradient is final, which frees
@@ -66,6 +71,7 @@ class StepGraph(nn.Cell):
         super().__init__(auto_prefix=False)
         self.actions, self.update, self.unscale = actions, update, unscale
         self.micro_batches = actions.micro_batches
+        self.sends = len(actions.messages) > 0
 
     @ms.jit
     def construct(self, rows, labels_of_rows, masks, scale, inverse):
@@ -74,7 +80,8 @@ class StepGraph(nn.Cell):
         for action in self.actions.program:
             state = self.actions.run(state, action, data)
         summed = self.actions.summed(state)
-        sent, overflow = state["sent"], ops.zeros(1, ms.float32)
+        sent = state["sent"] if self.sends else ()   # (nothing to wait for: no output)
+        overflow = ()
         if self.update is not None:   # stepped here: no gradient need leave the graph
             flat = ()
             for grads in summed:
@@ -85,7 +92,7 @@ class StepGraph(nn.Cell):
             else:
                 flat, overflow = self.unscale(flat, inverse)
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
-                    sent = ops.depend(sent, self.update(flat))
+                    overflow = ops.depend(overflow, self.update(flat))
         return loss_sum(state["outputs"]), summed, sent, overflow
 
     def prepare(self, *inputs):

@@ -249,7 +249,7 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
     graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
-    rest = engine.one, engine.inverse_scale()
+    rest = engine.scale_tensor(1.0), engine.inverse_scale()
     with saved_graphs(tmp_path, level=1) as files:
         graph.prepare(*replica_rows(batch), engine.dropout_masks(batch, p2p, drawn=False), *rest)
         prepared = len(files())

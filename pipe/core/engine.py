@@ -37,7 +37,7 @@ class MicroBatches:
     def labels(self):
         return [as_tensor(self.source[1][c]) for c in self.cut]
 
-    @property
+    @cached_property
     def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators
         return tuple((self.cut[0].stop - self.cut[0].start, *np.shape(a)[1:]) for a in self.source)
 
