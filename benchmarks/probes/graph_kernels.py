@@ -2,8 +2,11 @@
 
     python benchmarks/probes/graph_kernels.py --impl mindspore
     python benchmarks/probes/graph_kernels.py --impl pipe [--no-defer-wgrad] [--precision fp16]
+    python benchmarks/probes/graph_kernels.py --model gpt [--no-defer-wgrad]
 
-The small MLP as the benchmark has it (8 x 1024, B = 64, M = 1). A step whose device work
+The small MLP as the benchmark has it (8 x 1024, B = 64, M = 1), or pipe's step on the GPT
+example's model, small (2 blocks of width 64, T = 32, B = 8) at M = 4 in one graph: what
+deferring W adds or saves there is counted the same way. A step whose device work
 is under a millisecond costs what its operators cost to launch, so the count is the
 figure: MindSpore writes the kernel graph it builds (`save_graphs`, `graph_build_*.ir`)
 and this counts its operators by name (bookkeeping nodes left out), after one step.
@@ -57,6 +60,15 @@ def pipe_step(device, args, x, y):
     engine.train_step(ms.Tensor(x), ms.Tensor(y))
 
 
+def pipe_gpt_step(args):
+    import gpt_benchmark
+    gpt_args = gpt_benchmark.parse_args([
+        "--layers", "2", "--width", "64", "--heads", "4", "--context", "32", "--batch-size", "8",
+        "--micro-batches", "4", "--one-graph", "--device", args.device, "--precision", args.precision,
+        "--defer-wgrad" if args.defer_wgrad is not False else "--no-defer-wgrad"])
+    gpt_benchmark.pipe_step(gpt_args, args.device)
+
+
 def operators(directory):
     """[(kernel graph file, {operator name: count})] of every kernel graph MindSpore built,
     largest first: the step's graph, then what ran beside it (pipe's check before the
@@ -72,6 +84,7 @@ def operators(directory):
 def main():
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--impl", choices=["mindspore", "pipe"], default="pipe")
+    p.add_argument("--model", choices=["small", "gpt"], default="small")
     p.add_argument("--device", choices=["CPU", "GPU"], default="CPU")
     add_speed_flags(p)
     add_precision_flag(p)
@@ -82,14 +95,16 @@ def main():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, INPUTS)).astype(np.float32)
     y = rng.integers(0, 10, BATCH).astype(np.int32)
-    if args.impl == "mindspore":
+    if args.model == "gpt":
+        pipe_gpt_step(args)
+    elif args.impl == "mindspore":
         mindspore_step(args.device, args.precision == "fp16", x, y)
     else:
         pipe_step(args.device, args, x, y)
     graphs = operators(where)
-    print(f"{args.impl} {args.precision}: kernel graphs " +
+    print(f"{args.impl} {args.model} {args.precision}: kernel graphs " +
           ", ".join(f"{name} {sum(c.values())}" for name, c in graphs))
-    for name, n in graphs[0][1].most_common():
+    for name, n in sorted(graphs[0][1].items()):
         print(f"  {n:4d} {name}")
     shutil.rmtree(where, ignore_errors=True)
 
