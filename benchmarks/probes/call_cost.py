@@ -10,7 +10,6 @@ medians; the variants run in turn, round by round, so that all see the same host
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("GLOG_v", "3")
 
@@ -18,7 +17,9 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 from mindspore import nn, ops  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]   # benchmarks/, the root
+from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
@@ -94,12 +95,7 @@ def pipe_steps(device, x, y):
 
 
 def median_us(step, calls):
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return median_windows(step, 0, calls, 1)[0] * 1e6
 
 
 def main(argv=None):
