@@ -255,3 +255,31 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
         prepared = len(files())
         graph(*replica_rows(batch), engine.dropout_masks(batch, p2p), *rest)
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_call_takes_and_gives_only_what_is_used(precision):
+    """Each tensor in or out of the step's graph costs the host time per call. Alone, the
+    graph steps inside and hands back the loss alone: no gradients, no message token (it
+    has no message), and no overflow flag or 1 / S unless it unscales (fp16)."""
+    import mindspore as ms
+    import numpy as np
+    from pipe.core.engine import split
+    from pipe.engine import PipelineEngine
+    from pipe.step_graph import replica_rows
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    config = PipelineConfig(batch_size=8, one_graph=True, precision=precision)
+    engine = PipelineEngine(nn.SequentialCell([nn.Dense(6, 3)]), nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+    engine.train_step(x, y)
+    batch = split(engine.config, x, y, 0)
+    graph = engine.graphs[batch.shapes]
+    inverse = engine.inverse_scale()
+    loss, summed, sent, overflow = graph(*replica_rows(batch), engine.dropout_masks(
+        batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse)
+    assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
+    if precision == "fp32":
+        assert inverse == () and overflow == ()
+    else:
+        assert isinstance(inverse, ms.Tensor) and overflow.asnumpy().tolist() == [0.0]
