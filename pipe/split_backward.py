@@ -5,26 +5,42 @@ I runs each layer's backward for dx only (the compiler drops dW) and stashes eac
 layer's output gradient; W computes dW = dY^T X from that stash and the layer's kept input,
 with no input gradient and no forward recomputed. A W deferred to the flush takes the rows
 of all micro-batches at once: one product per layer.
+
+A layer norm is the exception: its backward is one kernel that gives dx and its weights'
+gradients together, so a W of its own would run the norm's forward and backward again.
+I keeps those gradients (tiny), and W adds up those of its micro-batches.
 """
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import Differentiable, accumulate, arguments, gradient_positions, has_bool
+from pipe.core.chunk import (Differentiable, LayerGrad, accumulate, arguments, gradient_positions,
+                             has_bool)
 
 __all__ = ["split_cells", "rows_of"]
 
 
+def is_norm(layer):
+    """Whether every weight of `layer` is a layer norm's (its gradients come with dx)."""
+    owners = [cell for _, cell in layer.cells_and_names() if cell.trainable_params(recurse=False)]
+    return bool(owners) and all(isinstance(cell, nn.LayerNorm) for cell in owners)
+
+
 class LayerInputGrad(nn.Cell):
-    """(x, dy) -> (dx, what W will need: (dy,) for a layer with weights, else ())."""
+    """(x, dy) -> (dx, what W will need: (dy,) for a layer with weights, else (); for a
+    norm, (its weight gradients,))."""
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
         self.layer, self.guarded = layer, Differentiable(layer)
         self.keep = bool(layer.trainable_params())
+        self.norm = LayerGrad(layer, input_grad) if is_norm(layer) else None
         self.input_grad = input_grad
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
 
     def construct(self, x, dy):
+        if self.norm is not None:            # dx and the weight gradients from one kernel
+            dx, dw = self.norm(x, dy)
+            return dx, (dw,)
         stash = (dy,) if self.keep else ()
         if not self.input_grad:
             return dy, stash
@@ -49,13 +65,16 @@ class InputGrad(nn.Cell):
 
 
 class WeightGrad(nn.Cell):
-    """W: (accumulators, the inputs of the layers with weights, their stashed output
-    gradients) -> accumulators + the weight gradients over those rows."""
+    """W: (accumulators, the inputs of the layers with weights but norms, the stashes of
+    all layers with weights) -> accumulators + the weight gradients over those rows (a
+    norm's: its rows added up)."""
 
     def __init__(self, layers, residual_of):
         super().__init__(auto_prefix=False)
         weighted = [i for i, layer in enumerate(layers) if layer.trainable_params()]
-        self.inputs = tuple(residual_of[i] for i in weighted)   # the residuals W reads
+        products = [i for i in weighted if not is_norm(layers[i])]
+        self.inputs = tuple(residual_of[i] for i in products)   # the residuals W reads
+        self.input_of = tuple(products.index(i) if i in products else -1 for i in weighted)
         self.layers = nn.CellList([layers[i] for i in weighted])
         self.guarded = nn.CellList([Differentiable(layers[i]) for i in weighted])
         self.weights = [ms.ParameterTuple(layers[i].trainable_params()) for i in weighted]
@@ -63,12 +82,17 @@ class WeightGrad(nn.Cell):
         self.positions = gradient_positions(layers)
 
     @ms.jit
-    def construct(self, accumulators, *tensors):   # tensors: layer inputs, then their dys
+    def construct(self, accumulators, *tensors):   # tensors: the inputs W reads, then the stashes
         grads = ()
-        n = len(self.layers)
-        for k in range(n):
-            layer = self.guarded[k] if has_bool(arguments(tensors[k])) else self.layers[k]
-            grads = grads + self.grad(layer, self.weights[k])(*arguments(tensors[k]), tensors[n + k])
+        for k in range(len(self.layers)):
+            stash = tensors[len(self.inputs) + k]
+            if self.input_of[k] < 0:             # a norm's, from I: each micro-batch's added up
+                for j in range(len(stash)):      # (rows_of joined them on their first axis)
+                    grads = grads + (stash[j].reshape((-1,) + self.weights[k][j].shape).sum(0),)
+            else:
+                x = tensors[self.input_of[k]]
+                layer = self.guarded[k] if has_bool(arguments(x)) else self.layers[k]
+                grads = grads + self.grad(layer, self.weights[k])(*arguments(x), stash)
         return accumulate(accumulators, grads, self.positions)
 
 

@@ -283,3 +283,31 @@ def test_a_call_takes_and_gives_only_what_is_used(precision):
         assert inverse == () and overflow == ()
     else:
         assert isinstance(inverse, ms.Tensor) and overflow.asnumpy().tolist() == [0.0]
+
+
+def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
+    """A layer norm's backward kernel gives its input gradient and its weights' gradients
+    at once: I keeps the latter and W only adds them up, so with W deferred the step's graph
+    runs LayerNorm and LayerNormGrad once per micro-batch, as with W per micro-batch (and
+    trains the same weights), not once more over all the rows."""
+    import re
+    import mindspore as ms
+    import numpy as np
+    from pipe.engine import PipelineEngine
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    counts, weights = {}, {}
+    for defer_wgrad in (False, True):
+        with saved_graphs(tmp_path / str(defer_wgrad), level=2) as files:
+            ms.set_seed(0)
+            layers = [nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)]
+            config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=True, defer_wgrad=defer_wgrad)
+            engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+                sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+            engine.train_step(x, y)
+        names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
+                     for path in files("graph_build_*.ir")), key=len)        # the step's graph
+        counts[defer_wgrad] = names.count("LayerNorm"), names.count("LayerNormGrad")
+        weights[defer_wgrad] = [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]
+    assert counts[False] == counts[True] == (2, 2), counts
+    assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(weights[False], weights[True]))
