@@ -18,18 +18,21 @@ from pipe.builders import LayerBuilders
 
 SEED = 11
 CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the tied head on rank 0
-    "gpt-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True)),
+    "gpt-zb-v-2x2-loop-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", one_graph=False,
+                                           defer_wgrad=True)),
 }
 # fp16 with the (sum, count) loss, S = 2**16: one process's recipe skips no step (before the
 # count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
 # and every step overflowed). Tuples cross the boundaries, in one graph too.
 SCALE = 2.0 ** 16
-# The 1x1 run steps through new lengths in one graph; the others, about their layouts, one length.
+# The 1x1 run steps through new lengths in one graph; the others, about their layouts, one
+# length. Both ways of running a step train the GPT on several ranks: the loop here and above
+# (fp32), one graph here and in the example's run (pipe's choice on CPU).
 FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False), LENGTHS),   # B whole
         "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True),
                                         ONE_LENGTH),
-        "gpt-fp16-zb-v-2x2-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v", defer_wgrad=True),
-                                       ONE_LENGTH)}
+        "gpt-fp16-zb-v-2x2-loop-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v",
+                                                    one_graph=False, defer_wgrad=True), ONE_LENGTH)}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
 # a byte sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "--batch-size", "8",
