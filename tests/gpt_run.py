@@ -53,9 +53,9 @@ def optimizer(params):
     return nn.SGD(params, learning_rate=0.5)
 
 
-def plain_run(seed, lengths=LENGTHS):
+def plain_run(seed, lengths=LENGTHS, size=SIZE):
     """({whole-model parameter name: value}, every step's loss) of one plain process."""
-    model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
+    model = LayerBuilders(gpt.gpt_layers(**size), seed).whole()
     names = [p.name for p in model.trainable_params()]     # (before a wrapper renames them)
     step = nn.TrainOneStepCell(TokenMean(model), optimizer(model.trainable_params()))
     losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in batches(seed, lengths)]

@@ -109,21 +109,21 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
     """The GPT example's layers on one stage, the (sum, count) loss: 2 micro-batches with W
     deferred (its rows of each (hidden, mask) argument joined per element), one graph
     bitwise the loop; one micro-batch with B whole. Both like one process's token mean.
-    (One length: new lengths in one graph are tests/test_gpt.py's.)"""
+    (One length and one block: new lengths and more blocks are tests/test_gpt.py's.)"""
     import mindspore as ms
     from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer, plain_run
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    runs = []
+    size, runs = dict(SIZE, layers=1), []
     for one_graph in modes:
         config = PipelineConfig(micro_batches=micro_batches, batch_size=BATCH, one_graph=one_graph,
                                 defer_wgrad=defer_wgrad, seed=3)
-        engine = PipelineEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer, config)
+        engine = PipelineEngine(gpt.gpt_layers(**size), gpt.TokenLoss(), optimizer, config)
         losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
         runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
     (losses, loop), (graph_losses, graph) = runs[0], runs[-1]
     assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
-    weights, plain_losses = plain_run(3, ONE_LENGTH)
+    weights, plain_losses = plain_run(3, ONE_LENGTH, size)
     assert max(float(abs(graph[n] - weights[n]).max()) for n in weights) < 2e-5
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
 
