@@ -25,14 +25,12 @@ CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the ti
 # count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
 # and every step overflowed). Tuples cross the boundaries, in one graph too.
 SCALE = 2.0 ** 16
-# The 1x1 run steps through new lengths in one graph; the others, about their layouts, one
-# length. Both ways of running a step train the GPT on several ranks: the loop here and above
-# (fp32), one graph here and in the example's run (pipe's choice on CPU).
+# The 1x1 run steps through new lengths in one graph; the 2x2, about its layout, one length.
+# Both ways of running a step train the GPT on several ranks: the loop above (fp32), one
+# graph here (fp16) and in the example's run (pipe's choice on CPU).
 FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False), LENGTHS),   # B whole
-        "gpt-fp16-zb-v-2x1-one-graph": (2, dict(stages=2, schedule="zb-v", one_graph=True, defer_wgrad=True),
-                                        ONE_LENGTH),
-        "gpt-fp16-zb-v-2x2-loop-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v",
-                                                    one_graph=False, defer_wgrad=True), ONE_LENGTH)}
+        "gpt-fp16-zb-v-2x2-one-graph-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v",
+                                                         one_graph=True, defer_wgrad=True), ONE_LENGTH)}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
 # a byte sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "--batch-size", "8",
