@@ -16,7 +16,7 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
      "error: the launcher started 3 processes but --stages 2 x --data-parallel 2 = 4: launch "
      "with -n 4 (mpiexec) or --worker_num=4 (msrun), or change stages and data_parallel so "
      "that their product is 3"),
-    (4, ["--stages", 2, "--data-parallel", 2, "--batch-size", 12, "--micro-batches", 4],
+    (2, ["--stages", 1, "--data-parallel", 2, "--batch-size", 12, "--micro-batches", 4],
      "error: --batch-size 12 cannot be split over --data-parallel 2 replicas x --micro-batches 4: "
      "it must be a multiple of 8; try --batch-size 8"),
     (4, ["--stages", 4, "--layers", 2],
