@@ -128,10 +128,10 @@ class PipelineEngine(Engine):
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
             losses, summed, sent, overflow = graph(
-                *replica_rows(batch), masks, scale, self.inverse_scale())
+                *replica_rows(batch), masks, scale, self.inverse_scale(graph))
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
-        overflowed = bool(overflow.asnumpy()[0]) if self.update_in_graph and self.scaler else None
+        overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
         return losses, tuple(g for grads in summed for g in grads), overflowed
 
     def run_loop(self, actions, schedule, state, data):
@@ -148,9 +148,9 @@ class PipelineEngine(Engine):
             self.scale = value, ms.Tensor(value, ms.float32)
         return self.scale[1]
 
-    def inverse_scale(self):
+    def inverse_scale(self, graph):
         """1 / S, for a step graph that unscales (fp16 on one rank); for any other, nothing."""
-        return self.scaler.inverse() if self.scaler and self.update_in_graph else ()
+        return self.scaler.inverse() if graph.unscale is not None else ()
 
     def update_weights(self, grads):
         """Unscale (fp16), sum over tied copies and replicas, clip, step."""
@@ -249,7 +249,7 @@ class PipelineEngine(Engine):
                           self.scaler.unscale_cell if stepping and self.scaler else None)
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
-                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale()),
+                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph)),
                 "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 

@@ -231,25 +231,30 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
 
 
+def small_engine(layers, **config):
+    """An engine on one rank over `layers` (6 inputs, 3 classes; SGD), and a batch of 8."""
+    import numpy as np
+    from pipe.engine import PipelineEngine
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), PipelineConfig(batch_size=8, **config))
+    return engine, x, y
+
+
 def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     """With other ranks the engine compiles the step before its first call, on every rank at
     once (StepGraph.prepare, the dropout masks keeping every unit): that call then runs what
     was compiled, with this step's masks, and compiles nothing more."""
-    import numpy as np
     from pipe.core.engine import split
-    from pipe.engine import PipelineEngine
     from pipe.step_graph import StepGraph, replica_rows
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
-    layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]
-    config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=True, defer_wgrad=False)
-    engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
-        sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+    engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
+                                micro_batches=2, one_graph=True, defer_wgrad=False)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
     graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
-    rest = engine.scale_tensor(1.0), engine.inverse_scale()
+    rest = engine.scale_tensor(1.0), engine.inverse_scale(graph)
     with saved_graphs(tmp_path, level=1) as files:
         graph.prepare(*replica_rows(batch), engine.dropout_masks(batch, p2p, drawn=False), *rest)
         prepared = len(files())
@@ -263,19 +268,13 @@ def test_a_call_takes_and_gives_only_what_is_used(precision):
     graph steps inside and hands back the loss alone: no gradients, no message token (it
     has no message), and no overflow flag or 1 / S unless it unscales (fp16)."""
     import mindspore as ms
-    import numpy as np
     from pipe.core.engine import split
-    from pipe.engine import PipelineEngine
     from pipe.step_graph import replica_rows
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
-    config = PipelineConfig(batch_size=8, one_graph=True, precision=precision)
-    engine = PipelineEngine(nn.SequentialCell([nn.Dense(6, 3)]), nn.SoftmaxCrossEntropyWithLogits(
-        sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+    engine, x, y = small_engine([nn.Dense(6, 3)], one_graph=True, precision=precision)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     graph = engine.graphs[batch.shapes]
-    inverse = engine.inverse_scale()
+    inverse = engine.inverse_scale(graph)
     loss, summed, sent, overflow = graph(*replica_rows(batch), engine.dropout_masks(
         batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse)
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
@@ -293,17 +292,12 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
     import re
     import mindspore as ms
     import numpy as np
-    from pipe.engine import PipelineEngine
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
     counts, weights = {}, {}
     for defer_wgrad in (False, True):
         with saved_graphs(tmp_path / str(defer_wgrad), level=2) as files:
             ms.set_seed(0)
-            layers = [nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)]
-            config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=True, defer_wgrad=defer_wgrad)
-            engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
-                sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+            engine, x, y = small_engine([nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)],
+                                        micro_batches=2, one_graph=True, defer_wgrad=defer_wgrad)
             engine.train_step(x, y)
         names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
                      for path in files("graph_build_*.ir")), key=len)        # the step's graph
