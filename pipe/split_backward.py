@@ -13,8 +13,7 @@ I keeps those gradients (tiny), and W adds up those of its micro-batches.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import (Differentiable, LayerGrad, accumulate, arguments, gradient_positions,
-                             has_bool)
+from pipe.core.chunk import Differentiable, LayerGrad, arguments, gradient_positions, has_bool, per_weight
 
 __all__ = ["split_cells", "rows_of"]
 
@@ -65,9 +64,8 @@ class InputGrad(nn.Cell):
 
 
 class WeightGrad(nn.Cell):
-    """W: (accumulators, the inputs of the layers with weights but norms, the stashes of
-    all layers with weights) -> accumulators + the weight gradients over those rows (a
-    norm's: its rows added up)."""
+    """W: (the inputs of the layers with weights but norms, the stashes of all layers with
+    weights) -> the weight gradients over those rows (a norm's: its rows added up)."""
 
     def __init__(self, layers, residual_of):
         super().__init__(auto_prefix=False)
@@ -82,7 +80,7 @@ class WeightGrad(nn.Cell):
         self.positions = gradient_positions(layers)
 
     @ms.jit
-    def construct(self, accumulators, *tensors):   # tensors: the inputs W reads, then the stashes
+    def construct(self, *tensors):   # the inputs W reads, then the stashes
         grads = ()
         for k in range(len(self.layers)):
             stash = tensors[len(self.inputs) + k]
@@ -93,7 +91,7 @@ class WeightGrad(nn.Cell):
                 x = tensors[self.input_of[k]]
                 layer = self.guarded[k] if has_bool(arguments(x)) else self.layers[k]
                 grads = grads + self.grad(layer, self.weights[k])(*arguments(x), stash)
-        return accumulate(accumulators, grads, self.positions)
+        return per_weight(grads, self.positions)
 
 
 def split_cells(chunk):

@@ -5,14 +5,16 @@ configuration)], each saving under root); tests/mpi_worker.py runs them all, eac
 starting MindSpore once for all of them. The launch starts as soon as the tests are
 collected and trains while the tests that need none of it run (most of them start
 a process or two and leave a core idle); then come the tests that read its results
-(`trained`), and last those marked `alone`, whose deadlines of a second or a few want
-the CPU to themselves.
+(`trained`), each module as soon as its own runs have ended, while the launch goes on with
+the next modules'; last, once the launch is over, those marked `alone`, whose deadlines of a
+second or a few want the CPU to themselves.
 """
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -20,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from launch import start_many  # noqa: E402
 
-LAUNCH = {}          # "job": the shared launch under way, "root": where it saves
+LAUNCH = {}   # "job": the shared launch, "root": where it saves, "runs": {module: its configurations' places}
 
 
 def needs_launch(item):
@@ -28,19 +30,36 @@ def needs_launch(item):
 
 
 def pytest_collection_modifyitems(items):
-    """Beside the launch first, then what reads it, then what runs alone (stable: file order)."""
+    """Beside the launch first, then what reads it, then what runs alone (stable: file order,
+    the order in which the launch trains each module's runs)."""
     items.sort(key=lambda item: 2 if item.get_closest_marker("alone") else int(needs_launch(item)))
 
 
 def pytest_collection_finish(session):
-    modules = {item.module for item in session.items if needs_launch(item)}
+    modules = sorted({item.module for item in session.items if needs_launch(item)}, key=lambda m: m.__name__)
     if not modules:
         return
-    root = LAUNCH["root"] = tempfile.mkdtemp(prefix="pipe-trained-")
-    configs = [c for module in sorted(modules, key=lambda m: m.__name__)
-               for c in module.matrix(pathlib.Path(root))]
-    LAUNCH["job"] = start_many(configs, world=4)   # (4 ranks on 2 cores: one pipeline's
-                                                    # waits are another's compute; 8 were slower)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="pipe-trained-"))
+    (root / "ended").mkdir()
+    configs, LAUNCH["root"], LAUNCH["runs"] = [], root, {}
+    for module in modules:
+        runs = module.matrix(root)
+        LAUNCH["runs"][module.__name__] = range(len(configs), len(configs) + len(runs))
+        configs += runs
+    LAUNCH["job"] = start_many(configs, world=4, ended=root / "ended")   # (4 ranks on 2 cores:
+                                                    # one pipeline's waits are another's compute; 8 were slower)
+
+
+def launch_over(timeout):
+    """The launch, once it has ended (read once: a Job's logs are gone after `wait`)."""
+    if "over" not in LAUNCH:
+        LAUNCH["over"] = LAUNCH["job"].wait(timeout)
+    return LAUNCH["over"]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("alone") and "job" in LAUNCH:
+        launch_over(900)
 
 
 def pytest_sessionfinish():
@@ -49,9 +68,16 @@ def pytest_sessionfinish():
         shutil.rmtree(LAUNCH["root"], ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def trained():
-    """The root under which the shared launch saved each run, once it has ended well."""
-    done = LAUNCH["job"].wait(900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return pathlib.Path(LAUNCH["root"])
+@pytest.fixture(scope="module")
+def trained(request):
+    """The root under which the shared launch saved each run, once this module's runs have
+    all ended well."""
+    ended, deadline = LAUNCH["root"] / "ended", time.monotonic() + 900
+    while not all((ended / str(i)).exists() for i in LAUNCH["runs"][request.module.__name__]):
+        if LAUNCH["job"].proc.poll() is not None:
+            over = launch_over(0)
+            assert over.returncode == 0, over.stderr[-3000:]
+            raise AssertionError(f"the launch ended without {request.module.__name__}'s runs")
+        assert time.monotonic() < deadline, "the shared launch ran past 900 s"
+        time.sleep(0.2)
+    return LAUNCH["root"]

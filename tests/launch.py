@@ -119,13 +119,14 @@ def run_check(script, ranks, *args, timeout=300):
     return Job(ranks, [sys.executable, os.path.join(ROOT, "tests", script), *map(str, args)]).wait(timeout)
 
 
-def start_many(configs, world=1):
+def start_many(configs, world=1, ended=None):
     """Several (ranks, flags or mlp_run spec) trainings in one mpiexec launch (mpi_worker.py),
-    of at least `world` ranks (more side by side keep the cores busy while some wait), started."""
+    of at least `world` ranks (more side by side keep the cores busy while some wait), started.
+    `ended`: a directory where the file named i appears once configuration i has ended well."""
     ranks = max(world, *(n for n, _ in configs))
     payload = json.dumps([[n, [str(f) for f in flags] if isinstance(flags, list) else flags]
                           for n, flags in configs], default=str)
-    return Job(ranks, [sys.executable, WORKER, payload])
+    return Job(ranks, [sys.executable, WORKER, payload, *([str(ended)] if ended else [])])
 
 
 def run_many(configs, timeout=900, world=1):

@@ -11,7 +11,10 @@ equivalence matrices within CI's time. Configurations that fit side by side run 
 each on its own ranks (an MPI sub-communicator): a pipeline waiting on its own stages
 leaves the CPU to another. Each rank of a configuration with --save DIR writes what it
 returned (every step's loss, peak activation memory) and the SHA-256 of each buffer it
-holds (batch norm's moving statistics) to DIR/result-rank<r>.json.
+holds (batch norm's moving statistics) to DIR/result-rank<r>.json. Given a second
+argument, a directory, each configuration's first rank writes a file named for its place in
+the list there once all its ranks have ended well: a test can read its runs while the launch
+goes on with the others'.
 """
 import hashlib
 import json
@@ -37,17 +40,24 @@ from pipe.deadlines import DeadlineWire  # noqa: E402
 
 def waves(configs, world):
     """Configurations grouped so that each group fits in `world` ranks at once (first fit,
-    in the given order): [[(first rank, ranks, flags), ...], ...]."""
-    pending, out = list(configs), []
+    in the given order): [[(first rank, ranks, index in `configs`), ...], ...]."""
+    pending, out = list(enumerate(configs)), []
     while pending:
         wave, free = [], world
-        for ranks, flags in list(pending):
+        for index, (ranks, _) in list(pending):
             if ranks <= free:
-                wave.append((world - free, ranks, flags))
+                wave.append((world - free, ranks, index))
                 free -= ranks
-                pending.remove([ranks, flags])
+                pending.remove((index, configs[index]))
         out.append(wave)
     return out
+
+
+def wait_all(communicator):
+    """A barrier that sleeps while it waits: idle ranks leave the 2 CI cores to the others."""
+    done = communicator.Ibarrier()
+    while not done.Test():
+        time.sleep(0.01)
 
 
 def run(flags, communicator):
@@ -72,17 +82,19 @@ def run(flags, communicator):
 
 world = MPI.COMM_WORLD
 me = world.Get_rank()
-for wave in waves(json.loads(sys.argv[1]), world.Get_size()):
-    mine = [(first, flags) for first, ranks, flags in wave if first <= me < first + ranks]
+configs, ended = json.loads(sys.argv[1]), (sys.argv[2:] or [None])[0]
+for wave in waves(configs, world.Get_size()):
+    mine = [(first, index) for first, ranks, index in wave if first <= me < first + ranks]
     sub = world.Split(mine[0][0] if mine else MPI.UNDEFINED, me)
     if mine:
         try:
-            run(mine[0][1], sub)
+            run(configs[mine[0][1]][1], sub)
         except BaseException:            # end the whole launch now: ranks of other
             traceback.print_exc()        # configurations would wait for this one forever
             sys.stderr.flush()
             world.Abort(1)
+        wait_all(sub)
+        if ended and sub.Get_rank() == 0:
+            open(os.path.join(ended, str(mine[0][1])), "w").close()
         sub.Free()
-    done = world.Ibarrier()
-    while not done.Test():      # idle ranks sleep instead of spinning on the 2 CI cores
-        time.sleep(0.01)
+    wait_all(world)

@@ -82,7 +82,6 @@ def assert_neighbours_name_the_lost_rank(job, timeout):
     assert any(own.values())
 
 
-@pytest.mark.alone
 def test_rank_that_stops_answering_is_named_by_its_neighbours():
     """SIGSTOP: the rank neither dies nor answers, so the launcher sees nothing; the others'
     own deadlines (--timeout 5) must end the run and say where each one was waiting.
@@ -96,7 +95,6 @@ def test_rank_that_stops_answering_is_named_by_its_neighbours():
     assert_neighbours_name_the_lost_rank(job, 5)
 
 
-@pytest.mark.alone
 def test_a_lost_peer_ends_a_run_whose_step_is_one_graph():
     """The same with the step as one compiled graph: rank 0 waits on rank 1 inside the
     graph (a message) or after it (the loss's all-reduce), and says so."""

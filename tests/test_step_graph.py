@@ -2,6 +2,7 @@
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
 import glob
+import os
 from contextlib import contextmanager
 
 import pytest
@@ -229,6 +230,19 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
             engine.train_step(x, y)
             compiled.append(len(files()))
     assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
+
+
+@pytest.mark.parametrize("schedule,backward", [("1f1b", "Backward"), ("zb-h1", "WeightGrad")])
+def test_a_backward_compiles_once_whichever_micro_batch(schedule, backward, tmp_path):
+    """The step's first B (or W) starts the gradient sums, the others add to them: the
+    adding is a graph of its own (`add_grads`), so the backward compiles once, not once
+    without sums and again with them (MindSpore writes one `hwopt_end` IR file per graph)."""
+    with saved_graphs(tmp_path, level=1) as files:
+        engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], micro_batches=2,
+                                    schedule=schedule, one_graph=False, defer_wgrad=False)
+        engine.train_step(x, y)
+        compiled = [os.path.basename(f) for f in files("hwopt_end_*.ir")]
+    assert sum(f"_{backward}_construct_" in f for f in compiled) == 1, compiled
 
 
 def small_engine(layers, **config):

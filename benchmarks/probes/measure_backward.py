@@ -8,7 +8,7 @@ two forwards: dX and dW are one matrix product each):
   backward, recompute     jit GradOperation of the whole stack from its input: it runs
                           the forward again inside the backward
   backward, per layer     pipe's choice: one compiled graph of layer-wise VJPs at the
-                          inputs the forward saved (plus adding into the accumulators)
+                          inputs the forward saved
   PyNative vjp, F+B       ms.vjp: keeps the forward's closure, runs op by op
 and checks that the two compiled backwards agree.
 """
@@ -18,7 +18,7 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from pipe.cli import Parser  # noqa: E402
@@ -50,19 +50,18 @@ def main():
     dy = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))
     chunk = Chunk(layers, is_first=False)            # its own compiled forward and backward
     forward, backward, recompute = chunk.forward_cell, chunk.backward_cell, _LayerStep(net)
-    zeros = ms.mutable(tuple(ops.zeros(q.shape, q.dtype) for q in net.trainable_params()))
     _, saved = forward(x, chunk.no_labels, chunk.grad_scale, ())
     sync = lambda out: out[0].asnumpy()
     results = {
         "forward": best_ms(lambda: sync(forward(x, chunk.no_labels, chunk.grad_scale, ()))),
         "backward, recompute": best_ms(lambda: sync(recompute(x, dy)[0])),
-        "backward, per layer": best_ms(lambda: sync(backward(dy, zeros, *saved))),
+        "backward, per layer": best_ms(lambda: sync(backward(dy, *saved))),
         "PyNative vjp, F+B": best_ms(lambda: sync(ms.vjp(net, x)[1](dy))),
     }
     print(f"{args.layers} x (Dense {args.width} + ReLU), batch {args.batch}, {args.device}:")
     for name, value in results.items():
         print(f"  {name:20s} {value:8.1f} ms   ({value / results['forward']:.2f} x forward)")
-    dx_a, grads_a = backward(dy, zeros, *saved)
+    dx_a, grads_a = backward(dy, *saved)
     (dx_b,), grads_b = recompute(x, dy)
     worst = max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip((dx_a, *grads_a), (dx_b, *grads_b)))
     print(f"  per-layer and recompute agree to {worst:.1e}")

@@ -10,7 +10,7 @@ from mindspore import nn, ops
 
 from pipe.core.wire import spec_of
 
-__all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "accumulate",
+__all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
            "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
            "has_bool", "arguments", "variable"]
 
@@ -144,19 +144,29 @@ def gradient_positions(layers):
     return tuple(tuple(ks) for ks in positions.values())
 
 
-def accumulate(accumulators, grads, positions):
-    """accumulators[u] + the gradients at positions[u]; a step's first backward has none (())."""
+def per_weight(grads, positions):
+    """Each weight's gradient: the sum of the layers' gradients at positions[u]."""
     summed = ()
     for u in range(len(positions)):
         total = grads[positions[u][0]]
         for k in positions[u][1:]:
             total = total + grads[k]
-        summed = summed + ((accumulators[u] + total) if accumulators else total,)
+        summed = summed + (total,)
     return summed
 
 
+@ms.jit
+def add_grads(sums, grads):
+    """sums + grads, weight by weight. Adding outside the backward compiles the backward
+    once, not once for a step's first micro-batch (no sums yet) and again for the others."""
+    out = ()
+    for u in range(len(sums)):
+        out = out + (sums[u] + grads[u],)
+    return out
+
+
 class Backward(nn.Cell):
-    """(dy, accumulators, *residuals) -> (dx, accumulators + this micro-batch's grads)."""
+    """(dy, *residuals) -> (dx, this micro-batch's weight gradients)."""
 
     def __init__(self, layer_grads, positions):
         super().__init__(auto_prefix=False)
@@ -164,12 +174,12 @@ class Backward(nn.Cell):
         self.positions = positions
 
     @ms.jit
-    def construct(self, dy, accumulators, *residuals):   # as *args: MindSpore 2.10 cannot
-        grads = ()                                        # differentiate at a tuple's element
+    def construct(self, dy, *residuals):     # as *args: MindSpore 2.10 cannot
+        grads = ()                            # differentiate at a tuple's element
         for layer_grad in self.reversed_grads:
             dy, dw = layer_grad(residuals[layer_grad.residual], dy)
             grads = dw + grads
-        return dy, accumulate(accumulators, grads, self.positions)
+        return dy, per_weight(grads, self.positions)
 
 
 class Chunk:
@@ -201,9 +211,6 @@ class Chunk:
         """Start a step: its first backward's gradients become the sums."""
         self.grads = ()
 
-    def accumulators(self):
-        return ms.mutable(self.grads) if self.grads else ()
-
     def labels(self, labels):
         return self.no_labels if labels is None else labels
 
@@ -216,8 +223,8 @@ class Chunk:
 
     def backward(self, mb, dy=None):
         residuals, start = self.residuals.pop(mb)
-        dx, self.grads = self.backward_cell(variable(start if self.is_last else dy),
-                                            self.accumulators(), *map(variable, residuals))
+        dx, grads = self.backward_cell(variable(start if self.is_last else dy), *map(variable, residuals))
+        self.grads = add_grads(variable(self.grads), variable(grads)) if self.grads else grads
         return dx
 
     def output_spec(self, x, labels=None):

@@ -3,6 +3,7 @@ ops over NCCL or HCCL (`msrun`), or on CPU, which has no Send/Receive, mpi4py (`
 its sends synchronous as NCCL's: an order that could hang on GPUs hangs on CPU too.
 """
 import os
+import time
 
 import mindspore as ms
 import numpy as np
@@ -49,8 +50,10 @@ class MpiWire:
         self.groups = {}
 
     def wait(self, request, what):
-        """Block until `request` completes (`what` it is, for a subclass that reports)."""
-        request.Wait()
+        """Until `request` completes (`what` it is, for a subclass that reports), polling with
+        a pause: MPICH's blocking wait spins, taking a core from the rank it waits for."""
+        while not request.Test():
+            time.sleep(1e-4)
 
     def send(self, tensor, dst, tag):
         self.send_array(tensor.asnumpy(), dst, tag)
