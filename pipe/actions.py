@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe import recompute
-from pipe.core.chunk import add_grads, arguments, variable
+from pipe.core.chunk import arguments, variable, with_sums
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
@@ -75,12 +75,6 @@ def take(store, key):
 def first(value, after):
     """The loop's `order`: each call has returned before the next starts."""
     return value
-
-
-def with_sums(sums, grads, first_sum):
-    """A chunk's gradient sums after a B or W (`sums`: None before the step's first, which
-    starts them)."""
-    return grads if first_sum else add_grads(variable(sums), variable(grads))
 
 
 def variables(values):
@@ -232,7 +226,8 @@ class Actions(nn.Cell):
         if rows:                                 # (none when no layer of the chunk has weights)
             rows = (self.order(rows[0], state["done"]),) + rows[1:]
         copies = self.kept_buffers[c].save()
-        state["grads"][c] = with_sums(state["grads"].get(c), self.weight_grads[c](*variables(rows)), first_sum)
+        grads = self.weight_grads[c](*variables(rows))
+        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         self.kept_buffers[c].put_back(copies, state["done"])
         return state

@@ -11,9 +11,10 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   at its kept input, and even with the GPT example's blocks cut into pieces of one product
   each (docs/models.md) and a norm's W taken in I, deferring measured 1.006x (fp32) and
   1.07x (fp16) slower as one graph at M=4 on one H100, 1.07x and 1.14x in the loop, at
-  1.5-1.7x the memory (a whole block in one construct: 1.6x). So pipe defers unless the config says memory is short (`recompute`), a layer
-  holds buffers (batch norm: its gradient over all rows would use their joint statistics)
-  or a layer with weights is not an nn.Dense.
+  1.5-1.7x the memory (a whole block in one construct: 1.6x). So pipe defers unless the
+  config says memory is short (`recompute`), a layer holds buffers (batch norm: its
+  gradient over all rows would use their joint statistics) or a layer with weights is not
+  an nn.Dense.
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or

@@ -41,14 +41,15 @@ from pipe.deadlines import DeadlineWire  # noqa: E402
 def waves(configs, world):
     """Configurations grouped so that each group fits in `world` ranks at once (first fit,
     in the given order): [[(first rank, ranks, index in `configs`), ...], ...]."""
-    pending, out = list(enumerate(configs)), []
+    pending, out = list(range(len(configs))), []
     while pending:
         wave, free = [], world
-        for index, (ranks, _) in list(pending):
+        for index in list(pending):
+            ranks = configs[index][0]
             if ranks <= free:
                 wave.append((world - free, ranks, index))
                 free -= ranks
-                pending.remove((index, configs[index]))
+                pending.remove(index)
         out.append(wave)
     return out
 

@@ -215,15 +215,9 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     """Each step's dropout masks are new tensors, inputs of the compiled calls as variables:
     after the first steps, more steps compile no graph (MindSpore writes one IR file per
     compile; a tuple of tensors passed as a constant compiled every step again)."""
-    import numpy as np
-    from pipe.engine import PipelineEngine
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
     with saved_graphs(tmp_path, level=1) as files:
-        layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]
-        config = PipelineConfig(micro_batches=2, batch_size=8, one_graph=one_graph, defer_wgrad=False)
-        engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
-            sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), config)
+        engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
+                                    micro_batches=2, one_graph=one_graph, defer_wgrad=False)
         compiled = []
         for _ in range(2):
             engine.train_step(x, y)

@@ -11,7 +11,7 @@ from mindspore import nn, ops
 from pipe.core.wire import spec_of
 
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
-           "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
+           "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
            "has_bool", "arguments", "variable"]
 
 
@@ -165,6 +165,11 @@ def add_grads(sums, grads):
     return out
 
 
+def with_sums(sums, grads, first_sum):
+    """The sums after a backward: its `grads` if the step's first (`first_sum`), else sums + grads."""
+    return grads if first_sum else add_grads(variable(sums), variable(grads))
+
+
 class Backward(nn.Cell):
     """(dy, *residuals) -> (dx, this micro-batch's weight gradients)."""
 
@@ -224,7 +229,7 @@ class Chunk:
     def backward(self, mb, dy=None):
         residuals, start = self.residuals.pop(mb)
         dx, grads = self.backward_cell(variable(start if self.is_last else dy), *map(variable, residuals))
-        self.grads = add_grads(variable(self.grads), variable(grads)) if self.grads else grads
+        self.grads = with_sums(self.grads, grads, not self.grads)
         return dx
 
     def output_spec(self, x, labels=None):
