@@ -15,7 +15,7 @@ from pipe.cli import Parser, existing_file
 
 def losses(log):
     with open(log) as f:
-        return [float(m[2]) for m in re.finditer(r"step\s+(\d+)\s+loss ([0-9.]+)", f.read())]
+        return [float(m[2]) for m in re.finditer(r"step\s+(\d+)\s[^\n]*?loss ([0-9.]+)", f.read())]
 
 
 def main(ckpt_a, log_a, ckpt_b, log_b):

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
 # a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash benchmarks/gpu_checks.sh [OUT_DIR [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
-# (2+ GPUs and msrun.) Default: every schedule. --one-graph runs the pipelines as one graph
+#   bash benchmarks/gpu_checks.sh [OUT_DIR [--model gpt] [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
+# (2+ GPUs and msrun.) Default: the 3 x 256 MLP, every schedule. --model gpt trains the GPT
+# example instead (2 blocks of width 64: a (hidden, int32 mask) tuple between the stages,
+# sequences of two lengths, the (sum, count) token loss, the head tied to the embedding,
+# Adam). --one-graph runs the pipelines as one graph
 # per step (the single GPU stays the per-action reference); --defer-wgrad defers the weight
 # gradients of both; --precision fp16 trains both in float16 with a loss scale. Without them
 # both run the per-action loop with W per micro-batch (pipe chooses nothing here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
+TRAIN=examples/mnist/train.py
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 GRAPH=--no-one-graph DEFER=--no-defer-wgrad
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
+    --model) [[ "${2:-}" =~ ^(mlp|gpt)$ ]] || { echo "error: --model ${2:-}: use mlp or gpt" >&2; exit 2; }
+      [ "$2" = gpt ] && TRAIN=examples/gpt/train.py \
+        FLAGS="--device GPU --layers 2 --width 64 --batch-size 16 --micro-batches 4 --steps 20 --log-every 1 --seed 0 --sample 0"
+      shift 2 ;;
     --one-graph) GRAPH=--one-graph; shift ;;
     --defer-wgrad) DEFER=$1; shift ;;
     --precision) FLAGS="$FLAGS --precision ${2:-}"; shift 2 ;;
@@ -22,13 +30,13 @@ done
 FLAGS="$FLAGS $DEFER"
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
-echo "\$ python examples/mnist/train.py $FLAGS --no-one-graph --save $OUT/single"
-python examples/mnist/train.py $FLAGS --no-one-graph --save "$OUT/single" > "$OUT/single.log" 2>&1
+echo "\$ python $TRAIN $FLAGS --no-one-graph --save $OUT/single"
+python $TRAIN $FLAGS --no-one-graph --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'
 for schedule in $SCHEDULES; do
-  echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
+  echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True $TRAIN $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
   msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
-    --join=True examples/mnist/train.py $FLAGS --stages 2 --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
+    --join=True $TRAIN $FLAGS --stages 2 --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
   python benchmarks/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
