@@ -294,7 +294,7 @@ class Message(nn.Cell):
         self.carriers = tuple(carrier(dtype) for _, dtype in self.specs)
         self.wire_ops = tuple(wire_op(p2p, action, shape, carrier(dtype), compiled) if go else None
                               for (shape, dtype), go in zip(self.specs, self.travels))
-        self.order = ops.depend if compiled else first
+        self.order, self.in_graph = (ops.depend if compiled else first), compiled
 
     def send(self, value, token):
         """Sends `value` once `token` is set; returns a token set once it is sent."""
@@ -310,8 +310,9 @@ class Message(nn.Cell):
         got = ()
         for i in range(len(self.specs)):
             shape, dtype = self.specs[i]
-            if self.travels[i]:
-                part = self.wire_ops[i](token)
+            if self.travels[i]:     # (in a graph the token is Receive's input: NCCL's kernel
+                                    # takes it in the dtype it gives, an int32 mask's too)
+                part = self.wire_ops[i](token.astype(self.carriers[i]) if self.in_graph else token)
                 token = self.order(token, part)
                 got = got + ((part if dtype == self.carriers[i] else part.astype(dtype)),)
             else:
