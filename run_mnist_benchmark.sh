@@ -135,7 +135,7 @@ gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MF
   else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 16"
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in   # dense peaks
       *H100*|*H200*) PEAK=989                                     # fp16
-        [ "$PRECISION" = fp32 ] && PEAK=$([ -n "$TF32" ] && echo 495 || echo 67) ;; esac
+        if [ "$PRECISION" = fp32 ]; then PEAK=$([ -n "$TF32" ] && echo 495 || echo 67); fi ;; esac
   fi
 }
 headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices
