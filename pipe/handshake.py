@@ -214,7 +214,7 @@ def _coming(vs, bounds, stages):
             f"(the boundary between layers {first - 1} and {first})")
 
 
-def _failure_text(vs, kind, expected, spec, bounds, stages, carried):
+def failure_text(vs, kind, expected, spec, bounds, stages, carried):
     """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
     first, coming, stage = bounds[vs][0], _coming(vs, bounds, stages), _stage(vs, bounds, stages)
     if kind == "wire":
@@ -292,7 +292,7 @@ class StageCheck:
                          for rank, r in enumerate(rows) if r[0]})
         if not failed:
             return
-        told = [_failure_text(vs, kind, expected, spec, self.bounds, self.stages, self.carried)
+        told = [failure_text(vs, kind, expected, spec, self.bounds, self.stages, self.carried)
                 for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
         mine = self.failure
         if mine is not None and mine.kind == "model":

@@ -31,3 +31,19 @@ def test_every_dtype_crosses_a_boundary_and_trains_like_one_process(trained, pla
     for result in assert_like_one_process(trained / f"dtypes-{name}", *plain).values():
         crossing |= set(result["crossing"])
     assert crossing == set(DTYPES), crossing
+
+
+def test_on_gpus_a_dtype_nccl_has_no_kernel_for_is_refused_with_those_it_has():
+    """MindSpore's NCCL Send/Receive kernels take float32, float16 and int32 only: on GPUs an
+    int64 element is refused before the first step, naming what the layer may hand on
+    instead (bool and the narrow ints travel as int32); on CPU (mpi4py) it crosses."""
+    import mindspore as ms
+    from pipe.core.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
+    from pipe.handshake import check_input, failure_text
+    spec = Parts((((8, 4), ms.float32), ((8,), ms.int64)))
+    nccl = set(NCCL_DTYPES)
+    assert check_input(spec, nccl) == ("wire", 1) and check_input(spec, set(WIRE_DTYPES)) is None
+    assert check_input(Parts((((8, 4), ms.float16), ((8,), ms.bool_))), nccl) is None
+    text = failure_text(1, "wire", 1, spec, [(0, 2), (2, 4)], 2, nccl)
+    assert text.endswith("as Int64, which this wire does not carry; make layer 1 hand it on as "
+                         "one of Float32, Float16, Int32, Bool, UInt8, Int8, Int16"), text

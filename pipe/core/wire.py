@@ -8,13 +8,14 @@ import time
 import mindspore as ms
 import numpy as np
 
-__all__ = ["WIRE_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire", "MindSporeWire",
-           "SoloWire", "PointToPoint", "Parts", "spec_of", "example", "write_header", "read_header",
-           "elements", "travels", "carrier"]
+__all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire",
+           "MindSporeWire", "SoloWire", "PointToPoint", "Parts", "spec_of", "example",
+           "write_header", "read_header", "elements", "travels", "carrier"]
 
 # The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
                ms.float64: np.float64, ms.int32: np.int32, ms.int64: np.int64}
+NCCL_DTYPES = (ms.float32, ms.float16, ms.int32)   # MindSpore's GPU Send/Receive kernels: no others
 # Narrow ints and bool travel as int32 (exact; a kernel every wire has), narrowed back on arrival.
 CARRIED_AS = {ms.bool_: ms.int32, ms.uint8: ms.int32, ms.int8: ms.int32, ms.int16: ms.int32}
 # Every dtype a layer may hand on; a spec's dtype travels in a header as its index here.
@@ -50,8 +51,7 @@ class MpiWire:
         self.groups = {}
 
     def wait(self, request, what):
-        """Until `request` completes (`what` it is, for a subclass that reports), polling with
-        a pause: MPICH's blocking wait spins, taking a core from the rank it waits for."""
+        """Until `request` (`what`) completes, polling: MPICH's blocking wait spins a core."""
         while not request.Test():
             time.sleep(1e-4)
 
@@ -86,13 +86,13 @@ class MpiWire:
 class MindSporeWire:
     """MindSpore's communication operators over NCCL (GPU) or HCCL (Ascend), PyNative."""
 
-    def __init__(self):
+    def __init__(self, device="GPU"):
         from mindspore.communication import GlobalComm, get_group_size, get_rank, init
         init()
         # Read after init(): the operators' default group was bound at import time to HCCL's name.
         self.world = GlobalComm.WORLD_COMM_GROUP
         self.rank, self.size = get_rank(), get_group_size()
-        self.dtypes = set(WIRE_DTYPES)
+        self.dtypes = set(NCCL_DTYPES if device == "GPU" else WIRE_DTYPES)
         self.ops = {}
 
     def _op(self, key, make):
@@ -125,7 +125,7 @@ class MindSporeWire:
 def connect(device):
     """This process's wire: MindSpore's on GPU/Ascend under `msrun` (MS_WORKER_NUM), else mpi4py."""
     if device != "CPU":
-        return MindSporeWire() if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
+        return MindSporeWire(device) if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
     wire = MpiWire()
     return wire if wire.size > 1 else SoloWire()
 
