@@ -11,7 +11,7 @@
 # both run the per-action loop with W per micro-batch (pipe chooses nothing here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-runs/gpu-checks}; mkdir -p "$OUT"; shift || true
+OUT=${1:-runs/gpu-checks}; shift || true
 TRAIN=examples/mnist/train.py
 FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
 GRAPH=--no-one-graph DEFER=--no-defer-wgrad
@@ -23,13 +23,18 @@ while [[ "${1:-}" == --* ]]; do
       shift 2 ;;
     --one-graph) GRAPH=--one-graph; shift ;;
     --defer-wgrad) DEFER=$1; shift ;;
-    --precision) FLAGS="$FLAGS --precision ${2:-}"; shift 2 ;;
+    --precision) [[ "${2:-}" =~ ^(fp32|fp16)$ ]] || { echo "error: --precision ${2:-}: use fp32 or fp16" >&2; exit 2; }
+      FLAGS="$FLAGS --precision $2"; shift 2 ;;
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
 FLAGS="$FLAGS $DEFER"
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
+for schedule in $SCHEDULES; do
+  [[ " $ALL " == *" $schedule "* ]] || { echo "error: unknown schedule '$schedule': use one of $ALL" >&2; exit 2; }
+done
+mkdir -p "$OUT"
 echo "\$ python $TRAIN $FLAGS --no-one-graph --save $OUT/single"
 python $TRAIN $FLAGS --no-one-graph --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'

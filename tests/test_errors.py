@@ -59,6 +59,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
     (["./run_mnist_benchmark.sh", "--tf32"],
      "error: --tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which "
      "multiplies in float32 whatever it is set to: drop --tf32\n"),
+    (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "--model", "bert"],   # (checked before
+     "error: --model bert: use mlp or gpt\n"),                                       # it makes the folder)
+    (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "pipedream"],
+     "error: unknown schedule 'pipedream': use one of gpipe 1f1b interleaved-1f1b zb-h1 zb-v dualpipe-v\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),
