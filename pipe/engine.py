@@ -223,8 +223,7 @@ class PipelineEngine(Engine):
         what the config left to pipe is chosen at the first, and the step's graph is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
-                               batch.labels[0], self.wire.dtypes, training, runs=1 if self.links else 2,
-                               eager=bool(self.one_graph))   # (one graph compiles its own forward)
+                               batch.labels[0], self.wire.dtypes, training, runs=1 if self.links else 2)
             p2p = super().connect_stages(batch, check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
             self.output_spec, counted = check.agree(self.wire, p2p.specs, last)

@@ -10,7 +10,6 @@ reaches every rank in full; the model's own error (a layer's exception, the loss
 compile failure, a random layer) is told in full by the rank where it happened, with the
 layer, and the others say where to look.
 """
-import functools
 import glob
 import os
 import time
@@ -53,24 +52,21 @@ class Failure(NamedTuple):
 
 
 # ---- one chunk's forward, run before the first step -----------------------------------
-def probe(chunk, x, labels, training=True, runs=2, eager=False):
+def probe(chunk, x, labels, training=True, runs=2):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
     leaving the buffers as they were; returns the spec of its output (on the model's last
     chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.normalized_loss),
     whose count must then depend on the labels alone (`check_count`).
     A training forward runs `runs` times, twice before the first step: if they differ,
     `RandomLayer` names the layer; a later shape (the layers are the same) runs once, so a
-    new shape costs its compile. `eager`: op by op, compiling nothing, for a step run as one
-    graph, which compiles the forward inside its own and would never call this one.
-    (`predict` probes in eval mode, with no loss.)"""
+    new shape costs its compile. (`predict` probes in eval mode, with no loss.)"""
     chunk.set_mode(training)
     if not training:
         return spec_of(chunk.infer(x)), False
     labels = chunk.labels(labels if chunk.is_last else None)    # (as a step calls it: one compile)
     with buffers_kept(chunk):
         masks = chunk.masks.learn(x)     # (keeping every unit)
-        forward = eagerly(chunk.forward_cell) if eager else chunk.forward_cell
-        runs = [forward(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
+        runs = [chunk.forward_cell(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
     if not _same(runs[0], runs[-1]):
         raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
                           "of its forward on the same input differ, and pipe's backward "
@@ -83,11 +79,6 @@ def probe(chunk, x, labels, training=True, runs=2, eager=False):
     if counted:
         check_count(chunk.loss_fn.loss_fn, logits, labels)
     return logits, counted
-
-
-def eagerly(cell):
-    """`cell`'s `ms.jit` construct as plain Python, run op by op (its decorator's `__wrapped__`)."""
-    return functools.partial(type(cell).construct.__wrapped__, cell)
 
 
 def _random_layer(chunk, x):
@@ -248,9 +239,9 @@ class StageCheck:
     fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage, over
     `stages` stages."""
 
-    def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2, eager=False):
+    def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2):
         self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
-        self.carried, self.training, self.runs, self.eager = carried, training, runs, eager
+        self.carried, self.training, self.runs = carried, training, runs
         self.failure, self.counted = None, False    # counted: the loss is (sum, count)
 
     def probe(self, c, vs, spec):
@@ -264,7 +255,7 @@ class StageCheck:
             return None
         since, chunk = time.time(), self.chunks[c]
         try:
-            out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs, self.eager)
+            out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
             self.counted = self.counted or counted
             return out
         except Exception as error:           # the user's model: any exception is its error
