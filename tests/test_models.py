@@ -193,18 +193,20 @@ RANDOM = ("draws random numbers inside: two runs of its forward on the same inpu
           "of its own (pipe draws its mask once per micro-batch)")
 
 
-@pytest.mark.parametrize("layer,message", [
-    (NoisyBlock(), "layer 1 (NoisyBlock) " + RANDOM),
-    (HiddenDropout(4), "layer 1 (HiddenDropout) " + RANDOM),
-    (GraphOnly(), "compiling its forward failed (each layer ran alone): "),
+@pytest.mark.parametrize("layer,message,one_graph", [
+    (NoisyBlock(), "layer 1 (NoisyBlock) " + RANDOM, False),
+    (HiddenDropout(4), "layer 1 (HiddenDropout) " + RANDOM, False),
+    (GraphOnly(), "compiling its forward failed (each layer ran alone): ", False),
+    (GraphOnly(), "compiling its forward failed (each layer ran alone): ", True),
 ])
-def test_what_the_model_does_wrong_is_told_before_the_first_step(layer, message):
+def test_what_the_model_does_wrong_is_told_before_the_first_step(layer, message, one_graph):
     """A layer drawing its own random numbers is found by running its forward twice, not by
     its name; an error the model raises only when compiled is told as such, with
-    MindSpore's report, which lands outside the working directory."""
+    MindSpore's report, which lands outside the working directory: with the step as one
+    graph too (the check compiles the forward, though the step's graph compiles its own)."""
     model = nn.SequentialCell([nn.Dense(4, 4), layer, nn.Dense(4, 3)])
     with pytest.raises(RuntimeError) as err:
-        engine(model).train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+        engine(model, one_graph=one_graph).train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
     assert str(err.value).startswith("check before the first step failed: stage 0 (layers 0 to 2) "
                                      "failed on the input batch, of shape (4, 4) Float32: " + message)
     assert not os.path.exists(os.path.join(os.getcwd(), "rank_0"))
