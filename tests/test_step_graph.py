@@ -226,29 +226,20 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     assert compiled[0] > 0 and compiled[1] == compiled[0], compiled
 
 
-@pytest.mark.parametrize("schedule,backward", [("1f1b", "Backward"), ("zb-h1", "WeightGrad")])
-def test_a_backward_compiles_once_whichever_micro_batch(schedule, backward, tmp_path):
-    """The step's first B (or W) starts the gradient sums, the others add to them: the
-    adding is a graph of its own (`add_grads`), so the backward compiles once, not once
-    without sums and again with them (MindSpore writes one `hwopt_end` IR file per graph)."""
+@pytest.mark.parametrize("schedule,cell,chunks", [("1f1b", "Backward", 1), ("zb-h1", "WeightGrad", 1),
+                                                 ("zb-v", "Forward", 2)])
+def test_a_chunks_compiled_pieces_compile_once(schedule, cell, chunks, tmp_path):
+    """B, W and F compile once per chunk at M=2 (MindSpore writes one `hwopt_end` IR file per
+    graph): the step's first B (or W) starts the gradient sums and the others add to them
+    in a graph of their own (`add_grads`), not in a second form of the backward; the shape
+    probe before the first step calls the forward as the step does (a chunk before the last
+    takes no labels), so the step runs what the probe compiled (ZB-V on one rank: two chunks)."""
     with saved_graphs(tmp_path, level=1) as files:
         engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], micro_batches=2,
                                     schedule=schedule, one_graph=False, defer_wgrad=False)
         engine.train_step(x, y)
         compiled = [os.path.basename(f) for f in files("hwopt_end_*.ir")]
-    assert sum(f"_{backward}_construct_" in f for f in compiled) == 1, compiled
-
-
-def test_a_forward_compiles_once_the_shape_probe_included(tmp_path):
-    """Before the first step the stages probe each chunk's forward for its output's shape;
-    it calls the forward as the step does (a chunk before the last takes no labels), so the
-    step runs what the probe compiled: ZB-V on one rank, two chunks, two forwards compiled."""
-    with saved_graphs(tmp_path, level=1) as files:
-        engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], micro_batches=2,
-                                    schedule="zb-v", one_graph=False, defer_wgrad=False)
-        engine.train_step(x, y)
-        compiled = [os.path.basename(f) for f in files("hwopt_end_*.ir")]
-    assert sum("_Forward_construct_" in f for f in compiled) == 2, compiled
+    assert sum(f"_{cell}_construct_" in f for f in compiled) == chunks, compiled
 
 
 def small_engine(layers, **config):
