@@ -18,8 +18,10 @@ GRAPH=--no-one-graph DEFER=--no-defer-wgrad
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --model) [[ "${2:-}" =~ ^(mlp|gpt)$ ]] || { echo "error: --model ${2:-}: use mlp or gpt" >&2; exit 2; }
-      [ "$2" = gpt ] && TRAIN=examples/gpt/train.py \
+      if [ "$2" = gpt ]; then
+        TRAIN=examples/gpt/train.py
         FLAGS="--device GPU --layers 2 --width 64 --batch-size 16 --micro-batches 4 --steps 20 --log-every 1 --seed 0 --sample 0"
+      fi
       shift 2 ;;
     --one-graph) GRAPH=--one-graph; shift ;;
     --defer-wgrad) DEFER=$1; shift ;;
