@@ -2,6 +2,7 @@
 
     python benchmarks/probes/fp16_trace.py --model large --impl mindspore --trace /root/t
     python benchmarks/probes/fp16_trace.py --model gpt --impl pipe --trace /root/t
+    python benchmarks/probes/fp16_trace.py --model gpt --impl pipe --micro-batches 4 --[no-]defer-wgrad
 
 Models as the benchmark has them (the large and small MLPs, the GPT-2-small-sized GPT);
 impls: `mindspore` (its own compiled step as benchmarks/benchmark.py and gpt_benchmark.py
@@ -10,7 +11,8 @@ scaled by S and the gradients divided by S and checked finite, as the GPT's own 
 and pipe does), `pipe` (pipe's defaults), `pipe-update-outside` (the same, its optimizer
 stepped after the graph, as with several replicas). Prints the median step over 3 windows
 (with --host-profile, the host's costliest Python calls over 10 more steps), then traces 3 steps (benchmarks/probes/device_trace.py: it needs libcupti.so on
-LD_LIBRARY_PATH) and prints each step's busy time and its costliest kernels.
+LD_LIBRARY_PATH) and prints each step's busy time and its costliest kernels. pipe's GPT
+takes --micro-batches and the speed flags (what deferring W costs, kernel by kernel).
 """
 import os
 import sys
@@ -28,7 +30,7 @@ from benchmark import Float32Loss, build_model, own_random_weights, peak_memory,
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from device_trace import summary, trace  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser  # noqa: E402
+from pipe.cli import Parser, add_speed_flags, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -75,7 +77,10 @@ def mlp_step(args):
 
 
 def gpt_step(args):
-    gargs = gpt_benchmark.parse_args(["--precision", args.precision])
+    speed = [f"--{'' if on else 'no-'}{name}" for name, on in
+             (("one-graph", args.one_graph), ("defer-wgrad", args.defer_wgrad)) if on is not None]
+    gargs = gpt_benchmark.parse_args(["--precision", args.precision, "--micro-batches",
+                                      str(args.micro_batches), *speed])
     if args.impl.startswith("pipe"):
         return gpt_benchmark.pipe_step(gargs, args.device)[0]
     return gpt_benchmark.mindspore_step(gargs, args.device)[0]
@@ -95,6 +100,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", choices=["GPU", "CPU"], default="GPU", help="CPU: a smoke test")
+    p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's GPT only")
+    add_speed_flags(p)
     args = p.parse_args(argv)
     ms.set_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
