@@ -40,13 +40,14 @@ class Block(nn.Module):
     def forward(self, x, keep):
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q = q / math.sqrt(d // self.heads)
         q, k, v = [z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v)]
         allowed = torch.tril(torch.ones(t, t, dtype=torch.int32, device=x.device)) * keep.view(b, 1, 1, t) > 0
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+        scores = q @ k.transpose(-1, -2)
         scores = scores.masked_fill(~allowed, -1e4)
         y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
-        return x + self.down(nn.functional.gelu(self.up(self.norm2(x)))), keep
+        return x + self.down(nn.functional.gelu(self.up(self.norm2(x)), approximate="tanh")), keep
 
 
 class GPT(nn.Module):

@@ -16,7 +16,8 @@ import math
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import Parameter, nn, ops
+from mindspore.common.initializer import HeUniform, Uniform, initializer
 
 from pipe.builders import Tied
 
@@ -49,19 +50,48 @@ class Norm(nn.Cell):
         return x, self.norm(x), keep
 
 
+def product(h, weight):
+    """h (..., in) times weight (out, in) transposed, as one 2-D product over all rows, as
+    nn.Dense runs it (`ops.matmul` of a 3-D h would broadcast the weight into a batched
+    product, with a transpose each way). A Parameter read directly is cast to the compute
+    dtype by hand (float16 layers: `Cell.to_float` casts only inputs)."""
+    rows = h.reshape(-1, h.shape[-1])
+    out = ops.MatMul(transpose_b=True)(rows, weight.astype(h.dtype))
+    return out.reshape(h.shape[:-1] + (weight.shape[0],))
+
+
+class Linear(nn.Cell):
+    """h -> h W^T + b, nn.Dense's product and its initial weights, with the bias added by a
+    plain broadcast add. Its gradient is then a ReduceSum over the rows, where nn.Dense's
+    BiasAdd takes a BiasAddGrad, which MindSpore runs on GPUs with cuDNN's reduction: 0.67
+    ms for each of the GPT's 48 Dense layers in an fp16 step on an H200, against tens of
+    microseconds (benchmarks/log.md section 32)."""
+
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [width_out, width_in]), name="weight")
+        self.bias = Parameter(initializer(Uniform(1 / math.sqrt(width_in)), [width_out]), name="bias")
+
+    def construct(self, h):
+        return product(h, self.weight) + self.bias.astype(h.dtype)
+
+
 class Product(nn.Cell):
     """(x, h, keep) -> (x, dense(h), keep): one product on the branch."""
 
     def __init__(self, width_in, width_out):
         super().__init__()
-        self.dense = nn.Dense(width_in, width_out)
+        self.dense = Linear(width_in, width_out)
 
     def construct(self, x, h, keep):
         return x, self.dense(h), keep
 
 
 class Attend(nn.Cell):
-    """(x, qkv, keep) -> (x, causal self-attention over the kept keys, keep); no weights."""
+    """(x, qkv, keep) -> (x, causal self-attention over the kept keys, keep); no weights.
+    The queries are scaled by 1/sqrt(head width) before their product with the keys, not
+    the scores after it: T/(head width) = 8x fewer elements at T=512, each a slow scalar
+    kernel on GPUs (benchmarks/log.md section 32)."""
 
     def __init__(self, heads):
         super().__init__()
@@ -71,19 +101,22 @@ class Attend(nn.Cell):
         b, t, d = x.shape
         h = self.heads
         q, k, v = ops.split(qkv, d, axis=-1)
+        q = q / math.sqrt(d // h)
         q, k, v = [z.reshape(b, t, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v)]
         allowed = ops.tril(ops.ones((t, t), ms.int32)) * keep.reshape(b, 1, 1, t) > 0
-        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(d // h)
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2))
         scores = ops.where(allowed, scores, ops.full_like(scores, -1e4))   # (float16's range)
         y = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, d)
         return x, y, keep
 
 
 class Gelu(nn.Cell):
-    """(x, h, keep) -> (x, gelu(h), keep)."""
+    """(x, h, keep) -> (x, gelu(h), keep), GPT-2's tanh approximation: one GeLU kernel each
+    way, where the exact form (erf) is six operators, three of them slow scalar kernels on
+    GPUs (benchmarks/log.md section 32)."""
 
     def construct(self, x, h, keep):
-        return x, ops.gelu(h), keep
+        return x, ops.gelu(h, approximate="tanh"), keep
 
 
 class Residual(Product):
@@ -120,8 +153,8 @@ class Logits(nn.Cell):
         super().__init__()
         self.table = embed.token.embedding_table if embed else nn.Embedding(VOCAB, width).embedding_table
 
-    def construct(self, x):   # (a Parameter read directly is cast to the compute dtype by hand)
-        return ops.matmul(x, self.table.T.astype(x.dtype))
+    def construct(self, x):
+        return product(x, self.table)
 
 
 def head(width, embed=None):
