@@ -17,6 +17,7 @@ from pipe.dropout import MaskDraw
 from pipe.handshake import probe
 from pipe.memory import Memory
 from pipe.schedules import EVERY
+from pipe.split_backward import joins
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -101,21 +102,25 @@ def test_per_layer_backward_equals_differentiating_the_slice(mode):
     assert_same_backward(dx, grads, layers, x, dy)
 
 
+@pytest.mark.parametrize("rows,joined", [(1, True), (4, False)])
 @pytest.mark.parametrize("recompute", [False, True])
-def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute):
+def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute, rows, joined):
     """W* (pipe.schedules.with_deferred_wgrad): two micro-batches' I, then one W over both:
     the weight gradients autograd gives for their rows stacked, and what waits for W is
-    only each weighted layer's input and output gradient (3 Dense: 6 tensors)."""
-    layers, x, dy = mlp(), tensor(8, 6), tensor(8, 3)
+    only each weighted layer's input and output gradient (3 Dense: 6 tensors). With 1 row
+    each, their rows (82 elements) are fewer than the weights (155): one product per layer
+    over both; with 4 (328), one W per micro-batch, added (split_backward.joins)."""
+    layers, x, dy = mlp(), tensor(2 * rows, 6), tensor(2 * rows, 3)
     stage = Chunk(layers, is_first=False)
     actions, dxs = handlers(stage, recompute=recompute), []
     state = actions.start({}, {})
     for mb in (0, 1):
-        state = forward(actions, state, mb, x[4 * mb:4 * mb + 4])
+        state = forward(actions, state, mb, x[rows * mb:rows * mb + rows])
     for mb in (0, 1):
-        state, dx = backward(actions, state, mb, dy[4 * mb:4 * mb + 4], "I")
+        state, dx = backward(actions, state, mb, dy[rows * mb:rows * mb + rows], "I")
         dxs.append(dx)
     assert [len(state["waiting"][mb]) for mb in (0, 1)] == [6, 6]
+    assert joins((state["waiting"][0], state["waiting"][1]), actions.weight_elements[0]) == joined
     state = actions.weight_grad(state, EVERY, 0, 1)
     assert_same_backward(ops.cat(dxs), state["grads"][0], layers, x, dy)
 
