@@ -9,9 +9,10 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   cost is memory (every micro-batch keeps its layers' inputs and output gradients until
   the flush) and, for anything but a Dense, time: W differentiates a layer's weights again
   at its kept input, and even with the GPT example's blocks cut into pieces of one product
-  each (docs/models.md) and a norm's W taken in I, deferring measured 1.006x (fp32) and
-  1.07x (fp16) slower as one graph at M=4 on one H100, 1.07x and 1.14x in the loop, at
-  1.5-1.7x the memory (a whole block in one construct: 1.6x). So pipe defers unless the
+  each (docs/models.md), a norm's W taken in I and one W per micro-batch at the flush
+  where joining rows costs more (pipe.split_backward.joins), deferring measured 1.00-1.02x
+  (fp32) and 1.05x (fp16) as one graph at M=4 on one H200 (0.93x in the loop, fp16), at up
+  to 1.4x the memory (a whole block in one construct: 1.6x slower). So pipe defers unless the
   config says memory is short (`recompute`), a layer holds buffers (batch norm: its
   gradient over all rows would use their joint statistics) or a layer with weights is not
   an nn.Dense.
