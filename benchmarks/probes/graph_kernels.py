@@ -2,11 +2,12 @@
 
     python benchmarks/probes/graph_kernels.py --impl mindspore
     python benchmarks/probes/graph_kernels.py --impl pipe [--no-defer-wgrad] [--precision fp16]
-    python benchmarks/probes/graph_kernels.py --model gpt [--no-defer-wgrad]
+    python benchmarks/probes/graph_kernels.py --model gpt --impl {pipe,mindspore} [--micro-batches 4] [--no-defer-wgrad]
 
-The small MLP as the benchmark has it (8 x 1024, B = 64, M = 1), or pipe's step on the GPT
-example's model, small (2 blocks of width 64, T = 32, B = 8) at M = 4 in one graph: what
-deferring W adds or saves there is counted the same way. A step whose device work
+The small MLP as the benchmark has it (8 x 1024, B = 64, M = 1), or the GPT example's model,
+small (2 blocks of width 64, T = 32, B = 8): MindSpore's own step (gpt_benchmark's) or
+pipe's in one graph, at M = 1 or more (what deferring W adds or saves there is counted the
+same way). A step whose device work
 is under a millisecond costs what its operators cost to launch, so the count is the
 figure: MindSpore writes the kernel graph it builds (`save_graphs`, `graph_build_*.ir`)
 and this counts its operators by name (bookkeeping nodes left out), after one step.
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from benchmark import Float32Loss, build_model, own_random_weights  # noqa: E402
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_precision_flag, add_speed_flags  # noqa: E402
+from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -60,13 +61,17 @@ def pipe_step(device, args, x, y):
     engine.train_step(ms.Tensor(x), ms.Tensor(y))
 
 
-def pipe_gpt_step(args):
+def gpt_step(args):
     import gpt_benchmark
     gpt_args = gpt_benchmark.parse_args([
         "--layers", "2", "--width", "64", "--heads", "4", "--context", "32", "--batch-size", "8",
-        "--micro-batches", "4", "--one-graph", "--device", args.device, "--precision", args.precision,
+        "--micro-batches", str(args.micro_batches), "--one-graph", "--device", args.device,
+        "--precision", args.precision,
         "--defer-wgrad" if args.defer_wgrad is not False else "--no-defer-wgrad"])
-    gpt_benchmark.pipe_step(gpt_args, args.device)
+    if args.impl == "mindspore":
+        gpt_benchmark.mindspore_step(gpt_args, args.device)[0]()
+    else:
+        gpt_benchmark.pipe_step(gpt_args, args.device)
 
 
 def operators(directory):
@@ -86,6 +91,7 @@ def main():
     p.add_argument("--impl", choices=["mindspore", "pipe"], default="pipe")
     p.add_argument("--model", choices=["small", "gpt"], default="small")
     p.add_argument("--device", choices=["CPU", "GPU"], default="CPU")
+    p.add_argument("--micro-batches", type=positive_int, default=4, help="pipe's GPT")
     add_speed_flags(p)
     add_precision_flag(p)
     args = p.parse_args()
@@ -96,7 +102,7 @@ def main():
     x = rng.standard_normal((BATCH, INPUTS)).astype(np.float32)
     y = rng.integers(0, 10, BATCH).astype(np.int32)
     if args.model == "gpt":
-        pipe_gpt_step(args)
+        gpt_step(args)
     elif args.impl == "mindspore":
         mindspore_step(args.device, args.precision == "fp16", x, y)
     else:
