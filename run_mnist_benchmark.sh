@@ -2,7 +2,7 @@
 # What pipeline parallelism buys on this machine: pipe next to one device, MindSpore's built-in
 # pipeline and torch.distributed.pipelining (when torch is importable), on a small and a
 # compute-bound MLP, and the GPT example's model (GPT-2-small-sized on GPUs, scaled down on
-# CPU) beside MindSpore's own step. With no flags: the headline table, each figure the
+# CPU) beside MindSpore's own step and torch's. With no flags: the headline table, each figure the
 # median of 3 windows.
 #
 #   ./run_mnist_benchmark.sh                       # headline: over 5 minutes on 2 GPUs
@@ -109,6 +109,14 @@ launch_gpt() {  # launch_gpt N WHAT ARGS...: gpt_benchmark.py on N processes (pi
       > "$OUT/logs/last.out" 2>&1 || { echo "  failed: GPT $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
   fi
 }
+launch_torch_gpt() {  # launch_torch_gpt WHAT ARGS...: torch's step on the GPT, one device
+  local what=$1; shift
+  progress "$what" || return 0
+  python benchmarks/torch_gpt.py --device "$([ "$DEVICE" = GPU ] && echo cuda || echo cpu)" \
+    --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 \
+    --peak-tflops "$PEAK" "$@" > "$OUT/logs/torch-gpt.out" 2>&1 && tail -n 1 "$OUT/logs/torch-gpt.out" \
+    || { echo "  failed: torch GPT $*"; tail -n 5 "$OUT/logs/torch-gpt.out"; }
+}
 launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, same model and rows
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
@@ -124,9 +132,15 @@ size_of() {  # SIZE, M and pipe's fastest schedules (docs/performance.md) of a m
   else SIZE="--layers 16 --hidden 8192 --inputs 8192 --batch-size 1024"; M=$((4 * $2))
     BEST="zb-v dualpipe-v 1f1b"; fi
 }
-TORCH=0 NO_TORCH="its script runs fp32 only"   # torch is optional: a row when it imports
+HAS_TORCH=0   # torch is optional: its rows when it imports
+python -c "import torch" 2>/dev/null && HAS_TORCH=1
+TORCH=0 NO_TORCH="its script runs fp32 only"       # torch.distributed.pipelining's rows (MLPs)
 if [ "$PRECISION" = fp32 ]; then
-  if python -c "import torch" 2>/dev/null; then TORCH=1; else NO_TORCH="torch is not importable"; fi
+  if [ $HAS_TORCH = 1 ]; then TORCH=1; else NO_TORCH="torch is not importable"; fi
+fi
+TORCH_GPT=$HAS_TORCH NO_TORCH_GPT="torch is not importable"   # torch's step on the GPT
+if [ $HAS_TORCH = 1 ] && [ "$DEVICE" = CPU ] && [ "$PRECISION" = fp16 ]; then
+  TORCH_GPT=0 NO_TORCH_GPT="torch's GradScaler runs on CUDA only"
 fi
 
 gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MFU's peak
@@ -138,7 +152,7 @@ gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MF
         if [ "$PRECISION" = fp32 ]; then PEAK=$([ -n "$TF32" ] && echo 495 || echo 67); fi ;; esac
   fi
 }
-headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices
+headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices; torch's
   gpt_size
   say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
   launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore
@@ -147,6 +161,11 @@ headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its
   else
     launch_gpt $P "pipe ${P}x1 M=4: 1f1b (pipe chooses W and one graph)" $GSIZE --impl pipe \
       --micro-batches 4 $DEFER
+  fi
+  if [ $TORCH_GPT = 1 ]; then
+    launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
+  else
+    say "  (no torch row for the GPT: $NO_TORCH_GPT)"
   fi
 }
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices

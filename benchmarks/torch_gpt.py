@@ -6,9 +6,16 @@ embeddings and positions, pre-norm blocks (causal attention over kept keys writt
 / their count, Adam; fp16 as torch's recipe (autocast, GradScaler). Imports no MindSpore.
 
     python benchmarks/torch_gpt.py --precision fp32      # or fp16; --device cpu
+
+--results appends one JSON line per window in gpt_benchmark.py's fields (impl "torch"), so
+that benchmarks/report.py shows it beside MindSpore's step and pipe's (run_mnist_benchmark.sh
+does, when torch imports). A window is --steps steps between two device syncs: torch's
+step runs ahead of the host as a training loop's does.
 """
 import argparse
+import json
 import math
+import resource
 import statistics
 import sys
 import time
@@ -86,6 +93,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (0: none)")
+    p.add_argument("--results", help="append a JSON line per window (benchmarks/report.py)")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = args.tf32      # off: fp32 as MindSpore's default computes it
     model = GPT(args.layers, args.width, args.heads, args.context).to(args.device)
@@ -121,9 +130,31 @@ def main():
         sync()
         windows.append((time.perf_counter() - start) / args.steps)
     best = statistics.median(windows)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
+    peak = torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024       # (the process's, on CPU)
     print(f"torch {args.precision} P=1 M=1: {best * 1e3:.1f} ms per step, "
-          f"{args.batch_size * args.context / best:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
+          f"{args.batch_size * args.context / best:,.0f} tokens/s, peak {peak / 2**30:.2f} GiB", flush=True)
+    if args.results:
+        write_results(args, model, windows, peak)
+
+
+def write_results(args, model, windows, peak):
+    """One JSON line per window, as gpt_benchmark.py writes them (its FLOP count: 6 N +
+    12 L T d per token, N the parameters, the tied table once)."""
+    params = sum(p.numel() for p in model.parameters())
+    tokens = args.batch_size * args.context
+    flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)
+    precision = args.precision + "+tf32" * args.tf32      # (pipe.cli.precision_name's)
+    with open(args.results, "a") as f:
+        for repeat, seconds in enumerate(windows):
+            f.write(json.dumps({
+                "impl": "torch", "model": "gpt", "layers": args.layers, "hidden": args.width,
+                "heads": args.heads, "context": args.context, "batch_size": args.batch_size,
+                "stages": 1, "data_parallel": 1, "schedule": "-", "micro_batches": 1,
+                "precision": precision, "params": params, "flops_per_step": flops,
+                "peak_tflops": args.peak_tflops or None, "rank": 0, "stage": 0,
+                "repeat": repeat, "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
+                "tokens_per_s": tokens / seconds, "peak_memory_bytes": peak}) + "\n")
 
 
 if __name__ == "__main__":
