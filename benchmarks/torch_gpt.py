@@ -21,8 +21,13 @@ import sys
 import time
 
 import numpy as np
-import torch
-from torch import nn
+try:
+    import torch
+    from torch import nn
+except ImportError:      # (one line and exit code 2, as every program here answers)
+    print("error: torch is not importable: benchmarks/torch_gpt.py times torch's step; "
+          "pip install torch", file=sys.stderr)
+    sys.exit(2)
 
 VOCAB, PAD, IGNORE = 256, 0, -1
 

@@ -15,10 +15,15 @@ import resource
 import statistics
 import sys
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed import pipelining as pp
+try:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed import pipelining as pp
+except ImportError:      # (one line and exit code 2, as every program here answers)
+    print("error: torch is not importable: benchmarks/torch_pipeline.py times torch's step; "
+          "pip install torch", file=sys.stderr)
+    sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,5 @@
 """Usage mistakes fail on every rank, before any message, with the values and the fix."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -84,6 +85,17 @@ def test_damaged_mnist_file_is_named(tmp_path):
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, message)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch imports here")
+@pytest.mark.parametrize("script", ["benchmarks/torch_gpt.py", "benchmarks/torch_pipeline.py"])
+def test_torchs_benchmarks_without_torch_say_so_in_one_line(script):
+    """torch is optional (the headline's torch rows appear when it imports); its scripts
+    run alone say what is missing, not a traceback."""
+    done = subprocess.run([sys.executable, script], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (
+        2, f"error: torch is not importable: {script} times torch's step; pip install torch\n")
 
 
 CHECK = "check before the first step failed: "
