@@ -50,13 +50,16 @@ class Norm(nn.Cell):
         return x, self.norm(x), keep
 
 
+MATMUL_NT = ops.MatMul(transpose_b=True)      # a x b^T
+
+
 def product(h, weight):
     """h (..., in) times weight (out, in) transposed, as one 2-D product over all rows, as
     nn.Dense runs it (`ops.matmul` of a 3-D h would broadcast the weight into a batched
     product, with a transpose each way). A Parameter read directly is cast to the compute
     dtype by hand (float16 layers: `Cell.to_float` casts only inputs)."""
     rows = h.reshape(-1, h.shape[-1])
-    out = ops.MatMul(transpose_b=True)(rows, weight.astype(h.dtype))
+    out = MATMUL_NT(rows, weight.astype(h.dtype))
     return out.reshape(h.shape[:-1] + (weight.shape[0],))
 
 
@@ -64,13 +67,15 @@ class Linear(nn.Cell):
     """h -> h W^T + b, nn.Dense's product and its initial weights, with the bias added by a
     plain broadcast add. Its gradient is then a ReduceSum over the rows, where nn.Dense's
     BiasAdd takes a BiasAddGrad, which MindSpore runs on GPUs with cuDNN's reduction: 0.67
-    ms for each of the GPT's 48 Dense layers in an fp16 step on an H200, against tens of
-    microseconds (benchmarks/log.md section 32)."""
+    ms for each of the GPT's 48 Dense layers in an fp16 step on an H200, where ReduceSum's
+    own kernels took microseconds in the same trace (benchmarks/log.md section 32)."""
 
     def __init__(self, width_in, width_out):
         super().__init__()
-        self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [width_out, width_in]), name="weight")
-        self.bias = Parameter(initializer(Uniform(1 / math.sqrt(width_in)), [width_out]), name="bias")
+        self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [width_out, width_in]),
+                                name="weight")
+        self.bias = Parameter(initializer(Uniform(1 / math.sqrt(width_in)), [width_out]),
+                              name="bias")
 
     def construct(self, h):
         return product(h, self.weight) + self.bias.astype(h.dtype)
