@@ -55,7 +55,8 @@ def choose_defer(config, buffers, composite=False):
     if composite:
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
                        "its W measured slower on the GPT, even as pieces of one product)")
-    return True, "W deferred to the flush (one product per layer over all micro-batches)"
+    return True, ("W deferred to the flush (every micro-batch's at the step's end, one product per "
+                  "layer over all of them where that is cheaper)")
 
 
 def is_composite(layer):

@@ -12,7 +12,8 @@ from pipe.defaults import action_flops, announce, choose_defer, choose_graph, is
 from pipe.engine import PipelineEngine
 from test_transparency import SEED, assert_same_weights, spec
 
-DEFERRED = "W deferred to the flush (one product per layer over all micro-batches)"
+DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one product per "
+            "layer over all of them where that is cheaper)")
 
 
 @pytest.mark.parametrize("config,buffers,composite,choice", [
