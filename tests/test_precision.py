@@ -18,6 +18,7 @@ from launch import load, loop_config, results
 from mlp_run import LOSS, batches, build_model, plain_fp16_run
 from pipe.checkpoint import latest
 from pipe.engine import PipelineEngine
+from pipe.precision import Unscale
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -102,3 +103,18 @@ def test_a_resumed_run_goes_on_with_the_saved_loss_scale(tmp_path):
     assert resumed.scaler.value == first.scaler.value == 32.0
     resumed.train_step(*data[2])
     assert resumed.scaler.value == 64.0
+
+
+@pytest.mark.parametrize("bad,flag", [(None, 0.0), (np.inf, 1.0), (-np.inf, 1.0), (np.nan, 1.0),
+                                      (6.5e4 * 2 ** 16, 0.0)])   # (float16's largest, x S: finite)
+def test_the_overflow_flag_is_any_inf_or_nan_in_any_gradient(bad, flag):
+    """Unscale: every gradient x 1/S, and the flag from one sum per gradient: an inf or a nan
+    anywhere raises it; a large finite gradient does not."""
+    grads = [np.ones((3, 4), np.float32), np.full(5, 2.0, np.float32)]
+    if bad is not None:
+        grads[1][3] = bad
+    unscaled, overflow = Unscale()(ms.mutable(tuple(ms.Tensor(g) for g in grads)),
+                                    ms.Tensor(0.5, ms.float32))
+    assert overflow.asnumpy().tolist() == [flag]
+    if bad is None:
+        np.testing.assert_array_equal(unscaled[1].asnumpy(), np.ones(5, np.float32))
