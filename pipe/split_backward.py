@@ -123,11 +123,9 @@ def _elements(value):
 
 
 def rows_of(entries):
-    """What W reads, from the `waiting` entries of one or more micro-batches: with several,
-    each tensor (or each element of a tuple) holds the rows of all, in their order. Both
+    """What W reads, from the `waiting` entries of several micro-batches joined (joins said
+    so): each tensor (or each element of a tuple) holds the rows of all, in their order. Both
     the loop and the step's graph (pipe.step_graph) call it: graph-compilable Python."""
-    if len(entries) == 1:
-        return entries[0]
     rows = ()
     for i in range(len(entries[0])):
         rows = rows + (_cat_rows(entries, i),)
