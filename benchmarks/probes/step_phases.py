@@ -1,0 +1,121 @@
+"""Where the host's time goes in one GPT step at M=1: pipe's phases against MindSpore's call.
+
+    python benchmarks/probes/step_phases.py --precision fp16 [--steps 30] [--layers 12 ...]
+
+On a GPU the device idles whenever the host has not yet launched its next kernel; a step
+that reads its loss back starts with the device idle, so everything the host does before
+the step graph's first kernel is time the device waits. This times, step by step, each
+phase of pipe's `train_step` (by wrapping the engine's methods on this one instance, and
+its step graph with a proxy): the batch's token count (`loss_weight`), the graph's call
+(until it returns), the overflow flag's and the loss's reads; and MindSpore's own step as
+its call and its loss's read. `--loss mean` gives pipe the token mean as a scalar instead
+of (sum, count): no count before the step. Medians over the steps, in milliseconds.
+"""
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import mindspore as ms
+from mindspore import nn
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
+import gpt_benchmark  # noqa: E402
+from gpt_benchmark import LayerBuilders, gpt  # noqa: E402
+from pipe import cli  # noqa: E402
+from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+
+TIMES = defaultdict(list)
+
+
+def timed(name, call):
+    def wrapped(*args, **kwargs):
+        start = time.perf_counter()
+        out = call(*args, **kwargs)
+        TIMES[name].append(time.perf_counter() - start)
+        return out
+    return wrapped
+
+
+class TimedGraph:
+    """A step graph's stand-in that times its call (until the call returns)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def __getattr__(self, name):
+        return getattr(self.graph, name)
+
+    def __call__(self, *args):
+        return timed("  graph call (returns)", self.graph)(*args)
+
+
+class ScalarMean(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.loss = gpt.TokenLoss()
+
+    def construct(self, logits, targets):
+        total, count = self.loss(logits, targets)
+        return total / count
+
+
+def pipe_steps(args, ids, targets):
+    config = PipelineConfig(stages=1, micro_batches=1, batch_size=args.batch_size,
+                            device=args.device, precision=args.precision)
+    loss = gpt.TokenLoss() if args.loss == "token" else ScalarMean()
+    engine = PipelineEngine(gpt_benchmark.layers(args), loss, lambda ps: nn.Adam(ps, 1e-4), config)
+    engine.train_step(ids, targets)
+    for shapes, graph in engine.graphs.items():
+        engine.graphs[shapes] = TimedGraph(graph)
+    for name, label in (("loss_weight", "  the token count (loss_weight)"),
+                        ("run_actions", "  run_actions (graph call + overflow read)"),
+                        ("step_loss", "  step_loss (the loss read)")):
+        setattr(engine, name, timed(label, getattr(engine, name)))
+    return timed(f"pipe step ({args.loss} loss)", lambda: engine.train_step(ids, targets))
+
+
+def mindspore_steps(args, ids, targets):
+    model = LayerBuilders(gpt_benchmark.layers(args), 0).whole()
+    if args.precision == "fp16":
+        for layer in model.cells():
+            layer.to_float(ms.float16)
+    step = gpt_benchmark.LossScaledStep(model) if args.precision == "fp16" and args.device == "GPU" \
+        else gpt_benchmark.OwnStep(model, args.precision == "fp16")
+    call = timed("  its call (returns)", step)
+    read = timed("  the loss read", lambda out: out[0].asnumpy())
+    return timed("MindSpore's step", lambda: read(call(ids, targets)))
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
+    p.add_argument("--loss", choices=["token", "mean"], default="token")
+    p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
+    p.add_argument("--layers", type=positive_int, default=12)
+    p.add_argument("--width", type=positive_int, default=768)
+    p.add_argument("--heads", type=positive_int, default=12)
+    p.add_argument("--context", type=positive_int, default=512)
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--steps", type=positive_int, default=30)
+    args = p.parse_args(argv)
+    ms.set_device(args.device)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
+    steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]
+    for step in steps:                   # warm up; then the two in turn, step by step
+        for _ in range(3):
+            step()
+    TIMES.clear()
+    for _ in range(args.steps):
+        for step in steps:
+            step()
+    for name, times in TIMES.items():
+        print(f"{name:45s} {statistics.median(times) * 1e3:9.3f} ms  ({len(times)} calls)")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)
