@@ -87,52 +87,68 @@ class PipelineEngine(Engine):
         self.step += 1
         if batch.shapes not in self.links:            # new shapes: the stages agree on them
             self.agree_shapes(batch)
-        weight = self.loss_weight(batch)              # what each micro-batch's loss counts
-        scale = weight * (self.scaler.value if self.scaler else 1.0)   # fp16: x the loss scale S
+        counter = self.token_counts[batch.shapes]     # a (sum, count) loss: counted in the step
+        scale = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
         masks = self.dropout_masks(batch, self.links[batch.shapes])    # this step's, per unit
         for chunk in self.chunks:                     # (predict puts them in eval mode)
             chunk.set_mode(True)
-        losses, grads, overflowed = self.run_actions(batch, masks, self.scale_tensor(scale))
+        losses, grads, overflowed, count = self.run_actions(batch, masks, self.scale_tensor(scale))
+        weight = self.loss_weight(count)              # what each micro-batch's loss counts
         if not self.update_in_graph:
             self.update_weights(grads)
         elif self.scaler:                             # the graph stepped, unless it overflowed
             self.scaler.update(overflowed)
         return self.step_loss(losses, weight)
 
-    def loss_weight(self, batch):
-        """Each micro-batch's loss x this, summed, is the step's loss, and the backward
-        starts from its gradient x this: 1/(M x D), the mean of the micro-batch means, or
-        for a (sum, count) loss 1/(the global batch's count) (pipe.normalized_loss)."""
-        count = self.token_counts[batch.shapes]
+    @property
+    def mean_weight(self):
+        """A scalar loss's weight: 1/(M x D), the mean of the micro-batch means."""
+        return 1.0 / (self.config.micro_batches * self.config.data_parallel)
+
+    def loss_weight(self, count):
+        """Each micro-batch's loss x this, summed, is the step's loss (the backward started
+        from its gradient x this): `mean_weight`, or for a (sum, count) loss 1/`count`, the
+        global batch's, which the step counted on the device (pipe.normalized_loss). A count
+        of 0 is 0 / 0: refused here, before the optimizer steps outside the graph; a graph
+        that steps itself skipped the step in fp16 (its gradients overflowed) and took it in
+        fp32, as one process would."""
         if count is None:
-            return 1.0 / (self.config.micro_batches * self.config.data_parallel)
-        total = count.count(as_tensor(batch.source[1]))      # the same on every rank: its labels
+            return self.mean_weight
+        total = float(count.asnumpy())
         if total <= 0:
+            stepped = self.update_in_graph and not self.scaler
             raise ValueError(f"loss_fn counts {total:g} targets in this step's whole batch: its "
-                             "token mean (sum / count) is undefined; leave such batches out")
+                             "token mean (sum / count) is undefined; leave such batches out" +
+                             ("; the step's graph stepped the optimizer on its gradients of 0 / 0 "
+                              "(nan, as one process's would be): resume from a checkpoint"
+                              if stepped else ""))
         return 1.0 / total
 
     def run_actions(self, batch, masks, scale):
         """This rank's actions, by the same handlers (pipe.actions) one by one or as one
         graph: (its losses' sum, the summed weight gradients of its chunks, in order (none
         when the graph stepped), whether the graph found a gradient overflowed (fp16
-        stepping inside it))."""
+        stepping inside it), a (sum, count) loss's count (pipe.normalized_loss), else None).
+        `scale` is the loss gradient's, which a (sum, count) loss's count then divides."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
+        counter = self.token_counts[batch.shapes]
+        labels = as_tensor(batch.source[1]) if counter else ()     # the global batch's
         if not self.one_graph:
+            scale, count = counter(labels, scale) if counter else (scale, None)
             actions = self.loops[batch.shapes]
             state = self.run_loop(actions, self.schedule, actions.start(
                 self.memory.store("kept", batch.shapes), self.memory.store("waiting", batch.shapes)),
                 (batch.inputs, batch.labels, masks, scale))
             summed = actions.summed(state)
-            return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None
+            return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow = graph(
-                *replica_rows(batch), masks, scale, self.inverse_scale(graph))
+            losses, summed, sent, overflow, count = graph(
+                *replica_rows(batch), masks, scale, self.inverse_scale(graph), labels)
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
-        return losses, tuple(g for grads in summed for g in grads), overflowed
+        return losses, tuple(g for grads in summed for g in grads), overflowed, count if counter else None
 
     def run_loop(self, actions, schedule, state, data):
         """`actions`' program one handler at a time, each watched (and traced, if asked):
@@ -245,12 +261,13 @@ class PipelineEngine(Engine):
         any message (the rank where it failed raises the compiler's error, the others name
         that rank). Alone, its first call compiles it; nothing can wait on it."""
         stepping = self.update_in_graph
+        counter = self.token_counts[batch.shapes]
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
-                          self.scaler.unscale_cell if stepping and self.scaler else None)
+                          self.scaler.unscale_cell if stepping and self.scaler else None, counter)
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
-                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph)),
-                "compiling the step as one graph")
+                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph),
+                as_tensor(batch.source[1]) if counter else ()), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):

@@ -11,9 +11,13 @@ total count.
 
 So the count must be known before the step's first backward: pipe computes it from the
 labels alone, on every rank, as `loss_fn(zeros, labels)[1]` over the whole global batch
-(`TokenCount`: compiled, the compiler drops the sum it does not return). `loss_fn`'s count
-must therefore depend on the labels only, as a count of non-padding targets does; a count
-that changes with the logits is refused before the first step (`check_count`).
+(`TokenCount`), on the device as the step's first work: inside the step's graph, or in
+the loop as a call of its own. The host does not wait for it before the step (a read
+there held a GPU idle about a millisecond a step, benchmarks/log.md section 33); it reads
+the count after, with the loss. `loss_fn`'s count must therefore depend on the labels
+only, as a count of non-padding targets does; a count that changes with the logits is
+refused before the first step (`check_count`). A batch with nothing to count, 0 / 0, is
+refused right after its step (`PipelineEngine.loss_weight` says what that step did).
 A scalar loss keeps its meaning: the mean of the micro-batch means, each weighed 1/(M x D),
 which is the batch mean when micro-batches are the same size.
 """
@@ -38,23 +42,24 @@ class LossTerm(nn.Cell):
 
 
 class TokenCount(nn.Cell):
-    """(labels, zero) -> `loss_fn`'s count for those labels, given logits that are all
-    `zero` (an input: a constant of the logits' shape would be folded at compile time)."""
+    """(the global batch's labels, the scale S) -> (S / count, count): `loss_fn`'s count for
+    those labels, on logits that are all zero, and the loss gradient's scale it gives.
+
+    The zeros are S x 0: made from an input, they stay an operator (zeros of a constant
+    shape would be folded into a constant the logits' size when compiled), and the compiler
+    drops the sum nobody reads."""
 
     def __init__(self, loss_fn, logits_spec):
         super().__init__(auto_prefix=False)
         self.loss_fn = loss_fn
-        self.per_row = tuple(logits_spec[0][1:])     # the logits' shape after the rows
-        self.zero = ms.Tensor(0.0, logits_spec[1])
+        self.per_row, self.dtype = tuple(logits_spec[0][1:]), logits_spec[1]   # after the rows
 
     @ms.jit
-    def construct(self, labels, zero):
+    def construct(self, labels, scale):
+        zero = (scale * 0).astype(self.dtype)
         logits = ops.broadcast_to(zero, (labels.shape[0],) + self.per_row)
-        return self.loss_fn(logits, labels)[1].astype(ms.float32)
-
-    def count(self, labels):
-        """The count, on the host."""
-        return float(self(labels, self.zero).asnumpy())
+        count = self.loss_fn(logits, labels)[1].astype(ms.float32)
+        return scale / count, count
 
 
 def loss_sum(losses):

@@ -42,16 +42,18 @@ def updates_in_graph(layout):
 
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    micro-batch first, the loss gradient's scale, 1 / S) -> (this rank's micro-batch losses
-    summed (pipe.normalized_loss.loss_sum), the summed weight gradients of each of its
-    chunks, a token set once its messages are done, 1.0 if a gradient overflowed else 0.0).
-    Given `update` (the optimizer over the chunks' parameters, in order), it steps too, and
+    micro-batch first, the loss gradient's scale, 1 / S, the global batch's labels) ->
+    (this rank's micro-batch losses summed (pipe.normalized_loss.loss_sum), the summed
+    weight gradients of each of its chunks, a token set once its messages are done, 1.0 if
+    a gradient overflowed else 0.0, the global batch's count). Given `counter` (a (sum,
+    count) loss), the graph counts first and divides the scale by the count. Given `update` (the optimizer over the chunks' parameters, in order), it steps too, and
     hands back no gradients; given `unscale` too (fp16 on one rank:
     pipe.precision.Unscale), the gradients are divided by S first and the step is taken
     only if none overflowed, as MindSpore's TrainOneStepWithLossScaleCell does.
 
     What a call has no use for is `()`, in and out: 1 / S unless it unscales, the token
-    unless the rank has messages, the overflow flag unless it unscales. Each tensor in or
+    unless the rank has messages, the overflow flag unless it unscales, the global labels
+    and the count unless the loss is counted. Each tensor in or
     out costs the host time per call (~20 us on CPU: benchmarks/probes/call_cost.py), as
     much as a small model's operators.
 
@@ -66,15 +68,19 @@ class StepGraph(nn.Cell):
     rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
     refused on all before any of them waits on a message."""
 
-    def __init__(self, actions, update=None, unscale=None):
-        """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions)."""
+    def __init__(self, actions, update=None, unscale=None, counter=None):
+        """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
+        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount."""
         super().__init__(auto_prefix=False)
-        self.actions, self.update, self.unscale = actions, update, unscale
+        self.actions, self.update, self.unscale, self.counter = actions, update, unscale, counter
         self.micro_batches = actions.micro_batches
         self.sends = len(actions.messages) > 0
 
     @ms.jit
-    def construct(self, rows, labels_of_rows, masks, scale, inverse):
+    def construct(self, rows, labels_of_rows, masks, scale, inverse, labels):
+        count = ()
+        if self.counter is not None:   # the global batch's count divides the scale first
+            scale, count = self.counter(labels, scale)
         data = (self.cut(rows), self.cut(labels_of_rows), masks, scale)
         state = self.actions.start({}, {})
         for action in self.actions.program:
@@ -93,7 +99,7 @@ class StepGraph(nn.Cell):
                 flat, overflow = self.unscale(flat, inverse)
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     overflow = ops.depend(overflow, self.update(flat))
-        return loss_sum(state["outputs"]), summed, sent, overflow
+        return loss_sum(state["outputs"]), summed, sent, overflow, count
 
     def prepare(self, *inputs):
         """Compile the step for these inputs without running it; its first call with inputs

@@ -242,13 +242,14 @@ def test_a_chunks_compiled_pieces_compile_once(schedule, cell, chunks, tmp_path)
     assert sum(f"_{cell}_construct_" in f for f in compiled) == chunks, compiled
 
 
-def small_engine(layers, **config):
-    """An engine on one rank over `layers` (6 inputs, 3 classes; SGD), and a batch of 8."""
+def small_engine(layers, loss_fn=None, **config):
+    """An engine on one rank over `layers` (6 inputs, 3 classes; SGD; the mean cross-entropy
+    unless `loss_fn` says), and a batch of 8."""
     import numpy as np
     from pipe.engine import PipelineEngine
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
-    engine = PipelineEngine(nn.SequentialCell(layers), nn.SoftmaxCrossEntropyWithLogits(
+    engine = PipelineEngine(nn.SequentialCell(layers), loss_fn or nn.SoftmaxCrossEntropyWithLogits(
         sparse=True, reduction="mean"), lambda params: nn.SGD(params, 0.1), PipelineConfig(batch_size=8, **config))
     return engine, x, y
 
@@ -265,7 +266,7 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
     graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
-    rest = engine.scale_tensor(1.0), engine.inverse_scale(graph)
+    rest = engine.scale_tensor(1.0), engine.inverse_scale(graph), ()     # (no count)
     with saved_graphs(tmp_path, level=1) as files:
         graph.prepare(*replica_rows(batch), engine.dropout_masks(batch, p2p, drawn=False), *rest)
         prepared = len(files())
@@ -273,26 +274,31 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_call_takes_and_gives_only_what_is_used(precision):
+@pytest.mark.parametrize("precision,counted", [("fp32", False), ("fp16", False), ("fp32", True)])
+def test_a_call_takes_and_gives_only_what_is_used(precision, counted):
     """Each tensor in or out of the step's graph costs the host time per call. Alone, the
     graph steps inside and hands back the loss alone: no gradients, no message token (it
-    has no message), and no overflow flag or 1 / S unless it unscales (fp16)."""
+    has no message), no overflow flag or 1 / S unless it unscales (fp16), and no labels
+    in or count out unless the loss is (sum, count)."""
     import mindspore as ms
+    from mlp_run import TokenLoss
     from pipe.core.engine import split
     from pipe.step_graph import replica_rows
-    engine, x, y = small_engine([nn.Dense(6, 3)], one_graph=True, precision=precision)
+    engine, x, y = small_engine([nn.Dense(6, 3)], TokenLoss() if counted else None,
+                                one_graph=True, precision=precision)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     graph = engine.graphs[batch.shapes]
     inverse = engine.inverse_scale(graph)
-    loss, summed, sent, overflow = graph(*replica_rows(batch), engine.dropout_masks(
-        batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse)
+    labels = ms.Tensor(y) if counted else ()
+    loss, summed, sent, overflow, count = graph(*replica_rows(batch), engine.dropout_masks(
+        batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse, labels)
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
     if precision == "fp32":
         assert inverse == () and overflow == ()
     else:
         assert isinstance(inverse, ms.Tensor) and overflow.asnumpy().tolist() == [0.0]
+    assert count.asnumpy().tolist() == 8.0 if counted else count == ()
 
 
 def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
