@@ -40,15 +40,20 @@ from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
 
-def parse_args(argv=None):
-    p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--impl", choices=["pipe", "mindspore"], default="pipe")
-    p.add_argument("--stages", type=positive_int, default=1, help="pipe: P ranks, one stage each")
+def add_model_flags(p):
+    """The GPT's size and batch, GPT-2 small's by default (benchmarks/probes use them too)."""
     p.add_argument("--layers", type=positive_int, default=12)
     p.add_argument("--width", type=positive_int, default=768)
     p.add_argument("--heads", type=positive_int, default=12)
     p.add_argument("--context", type=positive_int, default=512, help="T, every row's length")
     p.add_argument("--batch-size", type=positive_int, default=16)
+
+
+def parse_args(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--impl", choices=["pipe", "mindspore"], default="pipe")
+    p.add_argument("--stages", type=positive_int, default=1, help="pipe: P ranks, one stage each")
+    add_model_flags(p)
     p.add_argument("--micro-batches", type=positive_int, default=1)
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per window")
     p.add_argument("--warmup", type=int, default=2)

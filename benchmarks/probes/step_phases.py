@@ -6,9 +6,10 @@ On a GPU the device idles whenever the host has not yet launched its next kernel
 that reads its loss back starts with the device idle, so everything the host does before
 the step graph's first kernel is time the device waits. This times, step by step, each
 phase of pipe's `train_step` (by wrapping the engine's methods on this one instance, and
-its step graph with a proxy): the batch's token count (`loss_weight`), the graph's call
-(until it returns), the overflow flag's and the loss's reads; and MindSpore's own step as
-its call and its loss's read. `--loss mean` gives pipe the token mean as a scalar instead
+its step graph with a proxy): the batch's token count (`loss_weight`: until 3cde4a4 the
+count run and read before the step; since, its read after the step, which counted it),
+the graph's call (until it returns), the overflow flag's and the loss's reads; and
+MindSpore's own step as its call and its loss's read. `--loss mean` gives pipe the token mean as a scalar instead
 of (sum, count): no count before the step. Medians over the steps, in milliseconds.
 """
 import statistics
@@ -21,7 +22,6 @@ from mindspore import nn
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
-from gpt_benchmark import LayerBuilders, gpt  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
@@ -55,7 +55,7 @@ class TimedGraph:
 class ScalarMean(nn.Cell):
     def __init__(self):
         super().__init__()
-        self.loss = gpt.TokenLoss()
+        self.loss = gpt_benchmark.gpt.TokenLoss()
 
     def construct(self, logits, targets):
         total, count = self.loss(logits, targets)
@@ -65,7 +65,7 @@ class ScalarMean(nn.Cell):
 def pipe_steps(args, ids, targets):
     config = PipelineConfig(stages=1, micro_batches=1, batch_size=args.batch_size,
                             device=args.device, precision=args.precision)
-    loss = gpt.TokenLoss() if args.loss == "token" else ScalarMean()
+    loss = gpt_benchmark.gpt.TokenLoss() if args.loss == "token" else ScalarMean()
     engine = PipelineEngine(gpt_benchmark.layers(args), loss, lambda ps: nn.Adam(ps, 1e-4), config)
     engine.train_step(ids, targets)
     for shapes, graph in engine.graphs.items():
@@ -78,7 +78,7 @@ def pipe_steps(args, ids, targets):
 
 
 def mindspore_steps(args, ids, targets):
-    model = LayerBuilders(gpt_benchmark.layers(args), 0).whole()
+    model = gpt_benchmark.LayerBuilders(gpt_benchmark.layers(args), 0).whole()
     if args.precision == "fp16":
         for layer in model.cells():
             layer.to_float(ms.float16)
@@ -94,11 +94,7 @@ def main(argv=None):
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
     p.add_argument("--loss", choices=["token", "mean"], default="token")
     p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
-    p.add_argument("--layers", type=positive_int, default=12)
-    p.add_argument("--width", type=positive_int, default=768)
-    p.add_argument("--heads", type=positive_int, default=12)
-    p.add_argument("--context", type=positive_int, default=512)
-    p.add_argument("--batch-size", type=positive_int, default=16)
+    gpt_benchmark.add_model_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
     args = p.parse_args(argv)
     ms.set_device(args.device)
