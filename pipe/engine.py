@@ -143,8 +143,8 @@ class PipelineEngine(Engine):
             return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow, count = graph(*replica_rows(batch), masks, self.scale_input(
-                graph, scale), self.inverse_scale(graph), labels)
+            losses, summed, sent, overflow, count = graph(
+                *replica_rows(batch), masks, scale, self.inverse_scale(graph), labels)
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
@@ -163,10 +163,6 @@ class PipelineEngine(Engine):
         if self.scale is None or self.scale[0] != value:
             self.scale = value, ms.Tensor(value, ms.float32)
         return self.scale[1]
-
-    def scale_input(self, graph, scale):
-        """The loss gradient's scale for a step graph, or nothing where the graph holds it."""
-        return () if graph.scale is not None else scale
 
     def inverse_scale(self, graph):
         """1 / S, for a step graph that unscales (fp16 on one rank); for any other, nothing."""
@@ -266,13 +262,11 @@ class PipelineEngine(Engine):
         that rank). Alone, its first call compiles it; nothing can wait on it."""
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
-        fixed = self.mean_weight if not (self.scaler or counter) else None   # the scale, every step
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
-                          self.scaler.unscale_cell if stepping and self.scaler else None, counter, fixed)
+                          self.scaler.unscale_cell if stepping and self.scaler else None, counter)
         if self.wire.size > 1:
-            agreed(self.wire, lambda: graph.prepare(
-                *replica_rows(batch), self.dropout_masks(batch, p2p, drawn=False),
-                self.scale_input(graph, self.scale_tensor(1.0)), self.inverse_scale(graph),
+            agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
+                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph),
                 as_tensor(batch.source[1]) if counter else ()), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 

@@ -52,10 +52,9 @@ class StepGraph(nn.Cell):
     gradients are divided by S first and the step is taken only if none overflowed, as
     MindSpore's TrainOneStepWithLossScaleCell does.
 
-    What a call has no use for is `()`, in and out: the scale where it never changes (fp32
-    and a scalar loss: `scale`, a constant of the graph), 1 / S unless it unscales, the
-    token unless the rank has messages, the overflow flag unless it unscales, the global
-    labels and the count unless the loss is counted. Each tensor in or
+    What a call has no use for is `()`, in and out: 1 / S unless it unscales, the token
+    unless the rank has messages, the overflow flag unless it unscales, the global labels
+    and the count unless the loss is counted. Each tensor in or
     out costs the host time per call (~20 us on CPU: benchmarks/probes/call_cost.py), as
     much as a small model's operators.
 
@@ -70,21 +69,17 @@ class StepGraph(nn.Cell):
     rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
     refused on all before any of them waits on a message."""
 
-    def __init__(self, actions, update=None, unscale=None, counter=None, scale=None):
+    def __init__(self, actions, update=None, unscale=None, counter=None):
         """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
-        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount; `scale`: the loss
-        gradient's, where every step has the same."""
+        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount."""
         super().__init__(auto_prefix=False)
         self.actions, self.update, self.unscale, self.counter = actions, update, unscale, counter
-        self.scale = None if scale is None else ms.Tensor(scale, ms.float32)
         self.micro_batches = actions.micro_batches
         self.sends = len(actions.messages) > 0
 
     @ms.jit
     def construct(self, rows, labels_of_rows, masks, scale, inverse, labels):
         count = ()
-        if self.scale is not None:     # (a scalar tensor in costs the host more than the step's Python)
-            scale = self.scale
         if self.counter is not None:   # the global batch's count divides the scale first
             scale, count = self.counter(labels, scale)
         data = (self.cut(rows), self.cut(labels_of_rows), masks, scale)

@@ -278,8 +278,8 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
 def test_a_call_takes_and_gives_only_what_is_used(precision, counted):
     """Each tensor in or out of the step's graph costs the host time per call. Alone, the
     graph steps inside and hands back the loss alone: no gradients, no message token (it
-    has no message), no overflow flag or 1 / S unless it unscales (fp16), no labels in or
-    count out unless the loss is (sum, count), and no scale in where it never changes."""
+    has no message), no overflow flag or 1 / S unless it unscales (fp16), and no labels
+    in or count out unless the loss is (sum, count)."""
     import mindspore as ms
     from mlp_run import TokenLoss
     from pipe.core.engine import split
@@ -291,11 +291,9 @@ def test_a_call_takes_and_gives_only_what_is_used(precision, counted):
     graph = engine.graphs[batch.shapes]
     inverse = engine.inverse_scale(graph)
     labels = ms.Tensor(y) if counted else ()
-    scale = engine.scale_input(graph, engine.scale_tensor(1.0))
     loss, summed, sent, overflow, count = graph(*replica_rows(batch), engine.dropout_masks(
-        batch, engine.links[batch.shapes]), scale, inverse, labels)
+        batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse, labels)
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
-    assert scale == () if precision == "fp32" and not counted else isinstance(scale, ms.Tensor)
     if precision == "fp32":
         assert inverse == () and overflow == ()
     else:

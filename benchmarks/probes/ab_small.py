@@ -49,7 +49,7 @@ def pipe_step(device, x, y):
     engine.train_step(x, y)              # (its first step builds the graph)
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
-    args = (*replica_rows(batch), masks, engine.scale_input(graph, engine.scale_tensor(1.0)),
+    args = (*replica_rows(batch), masks, engine.scale_tensor(1.0),
             engine.inverse_scale(graph), ())
     return (lambda: engine.train_step(x, y)), (lambda: graph(*args)[0].asnumpy())
 

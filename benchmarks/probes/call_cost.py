@@ -89,7 +89,7 @@ def pipe_steps(device, x, y):
     engine.train_step(x, y)              # (its first step compiles the graph)
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
-    args = (*replica_rows(batch), masks, engine.scale_input(graph, engine.scale_tensor(1.0)), engine.inverse_scale(graph), ())
+    args = (*replica_rows(batch), masks, engine.scale_tensor(1.0), engine.inverse_scale(graph), ())
     return {"pipe's step graph": lambda: graph(*args)[0].asnumpy(),
             "pipe's train_step": lambda: engine.train_step(x, y)}
 
