@@ -116,6 +116,7 @@ class PipelineEngine(Engine):
             return self.mean_weight
         total = float(count.asnumpy())
         if total <= 0:
+            self.watch.end(self.schedule)        # the step ends here: the user's code runs next
             stepped = self.update_in_graph and not self.scaler
             raise ValueError(f"loss_fn counts {total:g} targets in this step's whole batch: its "
                              "token mean (sum / count) is undefined; leave such batches out" +
