@@ -54,9 +54,9 @@ class StepGraph(nn.Cell):
 
     What a call has no use for is `()`, in and out: 1 / S unless it unscales, the token
     unless the rank has messages, the overflow flag unless it unscales, the global labels
-    and the count unless the loss is counted. Each tensor in or
-    out costs the host time per call (~20 us on CPU: benchmarks/probes/call_cost.py), as
-    much as a small model's operators.
+    and the count unless the loss is counted. Each tensor in or out costs the host time
+    per call (~20 us on CPU: benchmarks/probes/call_cost.py), as much as a small model's
+    operators.
 
     In fp32 the update is a statement whose value nothing reads, as in MindSpore's own step:
     MindSpore then runs each weight's update as soon as its gradient is final, which frees

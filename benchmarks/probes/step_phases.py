@@ -9,8 +9,9 @@ phase of pipe's `train_step` (by wrapping the engine's methods on this one insta
 its step graph with a proxy): the batch's token count (`loss_weight`: until 3cde4a4 the
 count run and read before the step; since, its read after the step, which counted it),
 the graph's call (until it returns), the overflow flag's and the loss's reads; and
-MindSpore's own step as its call and its loss's read. `--loss mean` gives pipe the token mean as a scalar instead
-of (sum, count): no count before the step. Medians over the steps, in milliseconds.
+MindSpore's own step as its call and its loss's read. `--loss mean` gives pipe the token
+mean as a scalar instead of (sum, count): no count at all. Medians over the steps, in
+milliseconds.
 """
 import statistics
 import sys
