@@ -132,8 +132,7 @@ class PipelineEngine(Engine):
         stepping inside it), a (sum, count) loss's count (pipe.normalized_loss), else None).
         `scale` is the loss gradient's, which a (sum, count) loss's count then divides."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        counter = self.token_counts[batch.shapes]
-        labels = as_tensor(batch.source[1]) if counter else ()     # the global batch's
+        counter, labels = self.token_counts[batch.shapes], self.counted_labels(batch)
         if not self.one_graph:
             scale, count = counter(labels, scale) if counter else (scale, None)
             actions = self.loops[batch.shapes]
@@ -158,6 +157,10 @@ class PipelineEngine(Engine):
             with self.around(schedule, i):
                 state = actions.run(state, action, data)
         return state
+
+    def counted_labels(self, batch):
+        """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
+        return as_tensor(batch.source[1]) if self.token_counts[batch.shapes] else ()
 
     def scale_tensor(self, value):
         """The loss gradient's scale as a tensor, made anew only when it changes."""
@@ -268,7 +271,7 @@ class PipelineEngine(Engine):
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
                 batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph),
-                as_tensor(batch.source[1]) if counter else ()), "compiling the step as one graph")
+                self.counted_labels(batch)), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):
