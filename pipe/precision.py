@@ -109,14 +109,20 @@ class Unscale(nn.Cell):
     float32: the scaled gradients come back through float16 layers (an element above 65504
     is inf there), and float32 holds 3.4e38. One reduction per gradient and one check,
     where `isfinite(g).all()` per gradient ran three to four kernels: on a GPU this check
-    is the step's tail of tiny kernels, bound by the host launching them one by one."""
+    is the step's tail of tiny kernels, bound by the host launching them one by one.
+
+    It sums the unscaled gradients, not the scaled ones: dividing by S >= 1 keeps an inf
+    or a nan and makes no finite value infinite, and with the check reading each product
+    MindSpore's scheduler runs each multiply as soon as its gradient is made, while the
+    gradient is still in cache, as in MindSpore's own loss-scaled step. (Summing the
+    scaled gradients left every multiply to the end of the backward.)"""
 
     @ms.jit
     def construct(self, grads, inverse):
         unscaled, sums = (), ()
         for g in grads:
-            unscaled = unscaled + (g * inverse,)
-            sums = sums + (g.sum(),)
+            g = g * inverse
+            unscaled, sums = unscaled + (g,), sums + (g.sum(),)
         finite = ops.isfinite(ops.addn(sums))
         return unscaled, ops.logical_not(finite).astype(ms.float32).reshape(1)
 
