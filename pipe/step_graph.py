@@ -63,7 +63,11 @@ class StepGraph(nn.Cell):
     that gradient. (Tied to an output, it ran after the whole backward, which kept every
     gradient alive at once.) For the same reason the token returned is the messages' alone
     (`sent`), not the one that orders the work (`done`), which the last backward's gradients
-    set. In fp16 every gradient is needed before the overflow check anyway.
+    set. In fp16 every gradient is needed before the overflow check anyway, and the check is
+    the one point where the host waits inside the graph (it reads the flag to take the
+    branch): what the graph leaves until after it, the host launches only once the device
+    is idle, so the step's loss is made to come before it (on one H200, its kernels ran
+    after the optimizer's, one by one, at the GPT's fp16 step's end).
 
     With other ranks, the engine compiles it first (`prepare`, which runs nothing) on every
     rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
@@ -86,7 +90,7 @@ class StepGraph(nn.Cell):
         state = self.actions.start({}, {})
         for action in self.actions.program:
             state = self.actions.run(state, action, data)
-        summed = self.actions.summed(state)
+        summed, losses = self.actions.summed(state), loss_sum(state["outputs"])
         sent = state["sent"] if self.sends else ()   # (nothing to wait for: no output)
         overflow = ()
         if self.update is not None:   # stepped here: no gradient need leave the graph
@@ -98,9 +102,10 @@ class StepGraph(nn.Cell):
                 self.update(flat)      # a statement, as in MindSpore's own step (see above)
             else:
                 flat, overflow = self.unscale(flat, inverse)
+                overflow = ops.depend(overflow, losses)   # the loss before the host reads the flag
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     overflow = ops.depend(overflow, self.update(flat))
-        return loss_sum(state["outputs"]), summed, sent, overflow, count
+        return losses, summed, sent, overflow, count
 
     def prepare(self, *inputs):
         """Compile the step for these inputs without running it; its first call with inputs
