@@ -1,6 +1,7 @@
-"""Where the host's time goes in one GPT step at M=1: pipe's phases against MindSpore's call.
+"""Where the host's time goes in one GPT step: pipe's phases against MindSpore's call.
 
     python benchmarks/probes/step_phases.py --precision fp16 [--steps 30] [--layers 12 ...]
+    python benchmarks/probes/step_phases.py --micro-batches 4 [--defer-wgrad] [--no-one-graph]
 
 On a GPU the device idles whenever the host has not yet launched its next kernel; a step
 that reads its loss back starts with the device idle, so everything the host does before
@@ -10,8 +11,9 @@ its step graph with a proxy): the batch's token count (`loss_weight`: until 3cde
 count run and read before the step; since, its read after the step, which counted it),
 the graph's call (until it returns), the overflow flag's and the loss's reads; and
 MindSpore's own step as its call and its loss's read. `--loss mean` gives pipe the token
-mean as a scalar instead of (sum, count): no count at all. Medians over the steps, in
-milliseconds.
+mean as a scalar instead of (sum, count): no count at all. pipe's step takes M micro-batches
+(`--micro-batches`, 1 by default) and its modes as the benchmarks' flags set them;
+MindSpore's takes the whole batch at once. Medians over the steps, in milliseconds.
 """
 import statistics
 import sys
@@ -24,7 +26,7 @@ from mindspore import nn
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, add_speed_flags, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -64,8 +66,9 @@ class ScalarMean(nn.Cell):
 
 
 def pipe_steps(args, ids, targets):
-    config = PipelineConfig(stages=1, micro_batches=1, batch_size=args.batch_size,
-                            device=args.device, precision=args.precision)
+    config = PipelineConfig(stages=1, micro_batches=args.micro_batches, batch_size=args.batch_size,
+                            device=args.device, precision=args.precision,
+                            defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     loss = gpt_benchmark.gpt.TokenLoss() if args.loss == "token" else ScalarMean()
     engine = PipelineEngine(gpt_benchmark.layers(args), loss, lambda ps: nn.Adam(ps, 1e-4), config)
     engine.train_step(ids, targets)
@@ -96,6 +99,8 @@ def main(argv=None):
     p.add_argument("--loss", choices=["token", "mean"], default="token")
     p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
     gpt_benchmark.add_model_flags(p)
+    p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's M")
+    add_speed_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
     args = p.parse_args(argv)
     ms.set_device(args.device)
