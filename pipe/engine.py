@@ -132,9 +132,9 @@ class PipelineEngine(Engine):
         stepping inside it), a (sum, count) loss's count (pipe.normalized_loss), else None).
         `scale` is the loss gradient's, which a (sum, count) loss's count then divides."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        counter, labels = self.token_counts[batch.shapes], self.counted_labels(batch)
+        counter = self.token_counts[batch.shapes]
         if not self.one_graph:
-            scale, count = counter(labels, scale) if counter else (scale, None)
+            scale, count = counter(self.counted_labels(batch), scale) if counter else (scale, None)
             actions = self.loops[batch.shapes]
             state = self.run_loop(actions, self.schedule, actions.start(
                 self.memory.store("kept", batch.shapes), self.memory.store("waiting", batch.shapes)),
@@ -143,8 +143,7 @@ class PipelineEngine(Engine):
             return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow, count = graph(
-                *replica_rows(batch), masks, scale, self.inverse_scale(graph), labels)
+            losses, summed, sent, overflow, count = graph(*self.graph_inputs(graph, batch, masks, scale))
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
@@ -157,6 +156,11 @@ class PipelineEngine(Engine):
             with self.around(schedule, i):
                 state = actions.run(state, action, data)
         return state
+
+    def graph_inputs(self, graph, batch, masks, scale):
+        """What a call of the step's `graph` takes (pipe.step_graph.StepGraph): the replica's
+        rows and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
+        return (*replica_rows(batch), masks, scale, self.inverse_scale(graph), self.counted_labels(batch))
 
     def counted_labels(self, batch):
         """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
@@ -269,9 +273,9 @@ class PipelineEngine(Engine):
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
                           self.scaler.unscale_cell if stepping and self.scaler else None, counter)
         if self.wire.size > 1:
-            agreed(self.wire, lambda: graph.prepare(*replica_rows(batch), self.dropout_masks(
-                batch, p2p, drawn=False), self.scale_tensor(1.0), self.inverse_scale(graph),
-                self.counted_labels(batch)), "compiling the step as one graph")
+            agreed(self.wire, lambda: graph.prepare(*self.graph_inputs(
+                graph, batch, self.dropout_masks(batch, p2p, drawn=False), self.scale_tensor(1.0))),
+                "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):

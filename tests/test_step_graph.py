@@ -259,18 +259,18 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     once (StepGraph.prepare, the dropout masks keeping every unit): that call then runs what
     was compiled, with this step's masks, and compiles nothing more."""
     from pipe.core.engine import split
-    from pipe.step_graph import StepGraph, replica_rows
+    from pipe.step_graph import StepGraph
     engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
                                 micro_batches=2, one_graph=True, defer_wgrad=False)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
     graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
-    rest = engine.scale_tensor(1.0), engine.inverse_scale(graph), ()     # (no count)
+    scale = engine.scale_tensor(1.0)
     with saved_graphs(tmp_path, level=1) as files:
-        graph.prepare(*replica_rows(batch), engine.dropout_masks(batch, p2p, drawn=False), *rest)
+        graph.prepare(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
         prepared = len(files())
-        graph(*replica_rows(batch), engine.dropout_masks(batch, p2p), *rest)
+        graph(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p), scale))
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 

@@ -26,7 +26,6 @@ from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.step_graph import replica_rows  # noqa: E402
 
 LAYERS, HIDDEN, INPUTS, BATCH = 8, 1024, 784, 64
 
@@ -49,8 +48,7 @@ def pipe_step(device, x, y):
     engine.train_step(x, y)              # (its first step builds the graph)
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
-    args = (*replica_rows(batch), masks, engine.scale_tensor(1.0),
-            engine.inverse_scale(graph), ())
+    args = engine.graph_inputs(graph, batch, masks, engine.scale_tensor(1.0))
     return (lambda: engine.train_step(x, y)), (lambda: graph(*args)[0].asnumpy())
 
 

@@ -25,7 +25,6 @@ from pipe.cli import Parser, positive_int  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.step_graph import replica_rows  # noqa: E402
 
 WIDTH, BATCH = 16, 8
 
@@ -89,7 +88,7 @@ def pipe_steps(device, x, y):
     engine.train_step(x, y)              # (its first step compiles the graph)
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
-    args = (*replica_rows(batch), masks, engine.scale_tensor(1.0), engine.inverse_scale(graph), ())
+    args = engine.graph_inputs(graph, batch, masks, engine.scale_tensor(1.0))
     return {"pipe's step graph": lambda: graph(*args)[0].asnumpy(),
             "pipe's train_step": lambda: engine.train_step(x, y)}
 
