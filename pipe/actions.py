@@ -23,9 +23,10 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe import recompute
-from pipe.core.chunk import arguments, variable, with_sums
+from pipe.core.chunk import arguments, variable
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
+from pipe.grad_sums import packing, weight_by_weight, with_sums
 from pipe.schedules import EVERY
 from pipe.split_backward import joins, rows_of
 
@@ -116,6 +117,7 @@ class Actions(nn.Cell):
         self.infer = infer
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
         self.weight_elements = tuple(sum(p.size for p in c.params) for c in chunks)
+        self.plans = tuple(packing(c.params) for c in chunks)      # (pipe.grad_sums)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         self.no_labels = chunks[0].no_labels
@@ -159,7 +161,7 @@ class Actions(nn.Cell):
         """The step's weight gradient sums of each chunk, in order."""
         summed = ()
         for c in range(self.count):
-            summed = summed + (state["grads"][c],)
+            summed = summed + (weight_by_weight(state["grads"][c], self.plans[c]),)
         return summed
 
     # ---- computations -----------------------------------------------------------------
@@ -198,7 +200,7 @@ class Actions(nn.Cell):
         copies = self.kept_buffers[c].save()          # batch norm: its backward moves nothing
         residuals, dy = self.restored(state, mb, c, takes, data)
         dx, grads = self.backwards[c](dy, *variables(residuals))
-        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
+        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum, self.plans[c])
         state["done"] = self.order(self.order(state["done"], state["grads"][c]), dx)
         self.kept_buffers[c].put_back(copies, state["done"])
         if puts >= 0:
@@ -236,7 +238,7 @@ class Actions(nn.Cell):
             rows = (self.order(rows[0], state["done"]),) + rows[1:]
         copies = self.kept_buffers[c].save()
         grads = self.weight_grads[c](*variables(rows))
-        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
+        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum, self.plans[c])
         state["done"] = self.order(state["done"], state["grads"][c])
         self.kept_buffers[c].put_back(copies, state["done"])
         return state
