@@ -189,25 +189,25 @@ def saved_graphs(directory, level):
 
 
 @pytest.mark.parametrize("defer_wgrad", [False, True])
-def test_each_large_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_path):
-    """With the optimizer inside the graph, MindSpore runs a large weight's update right
-    after its gradient (summed over 2 micro-batches) is computed, so the large gradients
-    are freed one by one, as in MindSpore's own step, rather than every gradient alive until
-    the backward ends: in the kernel graph's execution order (MindSpore's saved IR) the
-    middle layer's SGD (1024 x 1025 weights, more than pipe.grad_sums.SMALL) comes before
-    the first layer's MatMul of the backward. (The five small weights' sums are one vector
-    until the step's end, where they step.)"""
+def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_path):
+    """With the optimizer inside the graph, MindSpore runs each weight's update right after
+    that weight's gradient (summed over 2 micro-batches) is computed, so the gradients are
+    freed one by one, as in MindSpore's own step, rather than every gradient alive until the
+    backward ends: in the kernel graph's execution order (MindSpore's saved IR) the first
+    SGD comes before the last MatMul of the backward."""
     import re
+    from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+    from pipe.engine import PipelineEngine
     with saved_graphs(tmp_path, level=2) as files:
-        engine, x, y = small_engine([nn.Dense(6, 1024), nn.ReLU(), nn.Dense(1024, 1025), nn.ReLU(),
-                                     nn.Dense(1025, 3)], micro_batches=2, one_graph=True, defer_wgrad=defer_wgrad)
-        engine.train_step(x, y)
+        config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
+        engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"), config)
+        engine.train_step(*batches(7)[0])
     assert engine.update_in_graph
     orders = [re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(MatMul|SGD)\(", open(path).read(), re.M)
               for path in files("graph_build_*.ir")]
     order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
     last_product = len(order) - 1 - order[::-1].index("MatMul")
-    assert order.count("SGD") == 6 and order.index("SGD") < last_product, " ".join(order)
+    assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)
 
 
 @pytest.mark.parametrize("one_graph", [False, True])
