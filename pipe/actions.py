@@ -23,10 +23,9 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe import recompute
-from pipe.core.chunk import arguments, pick, variable
+from pipe.core.chunk import arguments, variable, with_sums
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
-from pipe.grad_sums import kept_apart, weight_by_weight, with_sums
 from pipe.schedules import EVERY
 from pipe.split_backward import joins, rows_of
 
@@ -86,6 +85,14 @@ def variables(values):
     return out
 
 
+def _pick(tensors, positions):
+    """tensors[i] for each i of `positions`, as a loop the graph compiler unrolls."""
+    picked = ()
+    for i in positions:
+        picked = picked + (tensors[i],)
+    return picked
+
+
 class Actions(nn.Cell):
     """The handlers of one rank's actions (`program`: its lowered list, encoded), over the
     chunks of `layout` and the messages of `p2p`; `compiled`: built to be traced into a
@@ -109,7 +116,6 @@ class Actions(nn.Cell):
         self.infer = infer
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
         self.weight_elements = tuple(sum(p.size for p in c.params) for c in chunks)
-        self.plans = tuple(kept_apart(c.params) for c in chunks)   # (pipe.grad_sums)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         self.no_labels = chunks[0].no_labels
@@ -153,7 +159,7 @@ class Actions(nn.Cell):
         """The step's weight gradient sums of each chunk, in order."""
         summed = ()
         for c in range(self.count):
-            summed = summed + (weight_by_weight(state["grads"][c], self.plans[c]),)
+            summed = summed + (state["grads"][c],)
         return summed
 
     # ---- computations -----------------------------------------------------------------
@@ -192,7 +198,7 @@ class Actions(nn.Cell):
         copies = self.kept_buffers[c].save()          # batch norm: its backward moves nothing
         residuals, dy = self.restored(state, mb, c, takes, data)
         dx, grads = self.backwards[c](dy, *variables(residuals))
-        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum, self.plans[c])
+        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(self.order(state["done"], state["grads"][c]), dx)
         self.kept_buffers[c].put_back(copies, state["done"])
         if puts >= 0:
@@ -204,7 +210,7 @@ class Actions(nn.Cell):
         copies = self.kept_buffers[c].save()
         residuals, dy = self.restored(state, mb, c, takes, data)
         dx, stashed = self.input_grads[c](dy, *variables(residuals))
-        state["waiting"][mb * self.count + c] = pick(residuals, self.weight_inputs[c]) + stashed
+        state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + stashed
         state["done"] = self.order(self.order(state["done"], stashed), dx)
         self.kept_buffers[c].put_back(copies, state["done"])
         if puts >= 0:
@@ -230,7 +236,7 @@ class Actions(nn.Cell):
             rows = (self.order(rows[0], state["done"]),) + rows[1:]
         copies = self.kept_buffers[c].save()
         grads = self.weight_grads[c](*variables(rows))
-        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum, self.plans[c])
+        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         self.kept_buffers[c].put_back(copies, state["done"])
         return state

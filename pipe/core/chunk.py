@@ -12,7 +12,7 @@ from pipe.core.wire import spec_of
 
 __all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
            "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
-           "has_bool", "arguments", "variable", "pick"]
+           "has_bool", "arguments", "variable"]
 
 
 def is_plain_sequence(cell):
@@ -63,14 +63,6 @@ class Differentiable(nn.Cell):
 def variable(x):
     """A tuple as a graph's input is mutable, or MindSpore folds it in as a constant."""
     return ms.mutable(x) if isinstance(x, tuple) and x else x
-
-
-def pick(values, positions):
-    """values[i] for each i of `positions`, as a loop a graph compiler unrolls."""
-    picked = ()
-    for i in positions:
-        picked = picked + (values[i],)
-    return picked
 
 
 class KeepInput(nn.Cell):
