@@ -38,6 +38,7 @@ from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,
                       precision_name)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.schedules import SCHEDULES  # noqa: E402
 
 
 def add_model_flags(p):
@@ -55,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=positive_int, default=1, help="pipe: P ranks, one stage each")
     add_model_flags(p)
     p.add_argument("--micro-batches", type=positive_int, default=1)
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b",
+                   help="pipe's schedule over --stages ranks (ZB-V and DualPipeV: two chunks a rank)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per window")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=positive_int, default=3)
@@ -151,7 +154,7 @@ def mindspore_step(args, device):
 
 
 def pipe_step(args, device):
-    config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
+    config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
                             batch_size=args.batch_size, device=device, precision=args.precision,
                             tf32=args.tf32, defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
@@ -185,7 +188,7 @@ def main(argv=None):
     common = {"label": args.label, "model": "gpt", "device": device, "layers": args.layers,
               "hidden": args.width, "heads": args.heads, "context": args.context,
               "batch_size": args.batch_size, "stages": devices, "data_parallel": 1,
-              "schedule": "1f1b" if devices > 1 else "-", "micro_batches": args.micro_batches,
+              "schedule": args.schedule if devices > 1 else "-", "micro_batches": args.micro_batches,
               "precision": precision_name(args), "params": params, "flops_per_step": flops,
               "peak_tflops": args.peak_tflops or None, "devices": devices,
               "peak_memory_bytes": peak_memory(device), **chose}
@@ -198,6 +201,7 @@ def main(argv=None):
     best = sorted(windows)[len(windows) // 2]
     if chose["rank"] == 0:
         print(f"{args.impl} {precision_name(args)} P={devices} M={args.micro_batches} "
+              + (f"{args.schedule} " if devices > 1 else "") +
               f"(defer_wgrad={chose['defer_wgrad']}, one_graph={chose['one_graph']}): "
               f"{best * 1e3:.1f} ms per step, {tokens / best:,.0f} tokens/s, peak "
               f"{peak_memory(device) / 2**30:.2f} GiB", flush=True)
