@@ -3,7 +3,8 @@
     python benchmarks/gpt_benchmark.py --impl mindspore                 # MindSpore's own step, one ms.jit
     python benchmarks/gpt_benchmark.py --impl pipe --micro-batches 4    # pipe's defaults
     python benchmarks/gpt_benchmark.py --impl pipe --no-one-graph --precision fp16
-    mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4   # a pipeline
+    mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4   # a pipeline (1F1B)
+    mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4 --schedule zb-v
 
 The model is GPT-2-small-sized by default (12 blocks of width 768, 12 heads, T = 512,
 B = 16), over bytes, its head tied to the input embedding, its loss the (sum, count)
@@ -200,8 +201,8 @@ def main(argv=None):
                                 "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
     best = sorted(windows)[len(windows) // 2]
     if chose["rank"] == 0:
-        print(f"{args.impl} {precision_name(args)} P={devices} M={args.micro_batches} "
-              + (f"{args.schedule} " if devices > 1 else "") +
+        layout = f"P={devices} M={args.micro_batches}" + (f" {args.schedule}" if devices > 1 else "")
+        print(f"{args.impl} {precision_name(args)} {layout} "
               f"(defer_wgrad={chose['defer_wgrad']}, one_graph={chose['one_graph']}): "
               f"{best * 1e3:.1f} ms per step, {tokens / best:,.0f} tokens/s, peak "
               f"{peak_memory(device) / 2**30:.2f} GiB", flush=True)

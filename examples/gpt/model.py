@@ -98,8 +98,8 @@ class Attend(nn.Cell):
     the scores after it: T/(head width) = 8x fewer elements at T=512, each a slow scalar
     kernel on GPUs (benchmarks/log.md section 32). The causal mask is broadcast to the
     scores' shape first: MindSpore's GPU select with a broadcast operand took 147 us a
-    call at B=4 (about 15x the memory's time), each way; one fp16 step on an H200: 90.0 -> 80.6
-    ms for MindSpore's own, 88.8 -> 79.4 for pipe's (section 35)."""
+    call at B=4 (about 15x the memory's time), each way; one fp16 step on an H200 went
+    from 90.0 to 80.6 ms for MindSpore's own, 88.8 to 79.4 for pipe's (section 35)."""
 
     def __init__(self, heads):
         super().__init__()
