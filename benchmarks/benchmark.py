@@ -15,7 +15,6 @@ build and never touched by that rank.
 import json
 import os
 import resource
-import shutil
 import sys
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
@@ -32,7 +31,7 @@ from timing import median_windows  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
-                      precision_name)
+                      precision_name, use_device)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
@@ -167,8 +166,7 @@ def pipe_run(args, device, schedule, wire, x, y):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
-    ms.set_device(device)
+    device = use_device(args.device)
     P, D = args.stages, args.data_parallel
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch_size, args.inputs)).astype(np.float32)

@@ -18,7 +18,6 @@ benchmarks/report.py shows the GPT as one more model of the headline table.
 """
 import json
 import os
-import shutil
 import sys
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
@@ -36,7 +35,7 @@ from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.builders import LayerBuilders  # noqa: E402
 from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
-                      precision_name)
+                      precision_name, use_device)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.schedules import SCHEDULES  # noqa: E402
@@ -175,8 +174,7 @@ def count_params(params):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
-    ms.set_device(device)
+    device = use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     set_tf32(args, device)               # (MindSpore's own step too)
     if device != "CPU":

@@ -2,6 +2,7 @@
 value and the fix, and exit code 2. (argparse prints its whole usage first.)"""
 import argparse
 import os
+import shutil
 import sys
 
 from dataclasses import fields
@@ -10,7 +11,7 @@ from pipe.config import PipelineConfig, as_flags
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
-           "add_speed_flags", "config_from", "run", "precision_name"]
+           "add_speed_flags", "config_from", "use_device", "run", "precision_name"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -79,6 +80,21 @@ def config_from(args, **settings):
     names = {f.name for f in fields(PipelineConfig)}
     given = {name: value for name, value in vars(args).items() if name in names}
     return PipelineConfig(**{**given, **settings})
+
+
+def use_device(name):
+    """The device a program runs on, set as MindSpore's and returned: `name`, or for "auto" a
+    GPU where nvidia-smi is on the PATH, else the CPU. One this MindSpore cannot run on (its
+    plugin did not load: no GPU, no CUDA, a CPU-only wheel) is told in one line, exit code 2;
+    `ms.set_device` would end in MindSpore's C++ call stack."""
+    import mindspore as ms
+    device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
+    if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
+        print(f"error: --device {device}: this MindSpore cannot run on it here (its {device} plugin "
+              f"did not load); use --device CPU", file=sys.stderr)
+        sys.exit(2)
+    ms.set_device(device)
+    return device
 
 
 def run(main):

@@ -81,10 +81,30 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: argument ckpt_a: no such file: a.ckpt\n"),
     ([sys.executable, "-m", "pipe", "--stages", "x"],     # argparse's own check, in one line too
      "error: argument --stages: invalid int value: 'x'\n"),
+    ([sys.executable, "benchmarks/benchmark.py", "--device", "Ascend"],   # (no Ascend here)
+     "error: --device Ascend: this MindSpore cannot run on it here (its Ascend plugin did not load); "
+     "use --device CPU\n"),
 ])
 def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, message)
+
+
+def gpu_usable():
+    import mindspore as ms
+    return ms.device_context.gpu.is_available()
+
+
+@pytest.mark.skipif(gpu_usable(), reason="MindSpore runs on a GPU here")
+@pytest.mark.parametrize("script", ["benchmarks/probes/step_phases.py", "examples/gpt/train.py"])
+def test_a_gpu_program_without_a_gpu_says_so_in_one_line(script):
+    """A probe made for GPUs (--device GPU by default), or --device GPU asked where MindSpore
+    has no GPU plugin: one line and exit code 2, not MindSpore's C++ call stack."""
+    done = subprocess.run([sys.executable, script, "--device", "GPU"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (
+        2, "error: --device GPU: this MindSpore cannot run on it here (its GPU plugin did not load); "
+           "use --device CPU\n")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch imports here")

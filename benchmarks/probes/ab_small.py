@@ -22,7 +22,7 @@ from benchmark import build_model, own_random_weights  # noqa: E402
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -63,7 +63,7 @@ def main(argv=None):
     p.add_argument("--steps", type=positive_int, default=50)
     p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
     args = p.parse_args(argv)
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32))

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]   # benchmarks/, the root
 from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -103,7 +103,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=positive_int, default=7)
     p.add_argument("--calls", type=positive_int, default=200)
     args = p.parse_args(argv)
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((BATCH, WIDTH)).astype(np.float32))

@@ -30,7 +30,7 @@ from benchmark import Float32Loss, build_model, own_random_weights, peak_memory,
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from device_trace import summary, trace  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_speed_flags, positive_int  # noqa: E402
+from pipe.cli import Parser, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -103,7 +103,7 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's GPT only")
     add_speed_flags(p)
     args = p.parse_args(argv)
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     if args.graph_kernel:
         ms.set_context(enable_graph_kernel=True)

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from benchmark import Float32Loss, build_model, own_random_weights  # noqa: E402
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int  # noqa: E402
+from pipe.cli import Parser, add_precision_flag, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -95,7 +95,7 @@ def main():
     add_speed_flags(p)
     add_precision_flag(p)
     args = p.parse_args()
-    ms.set_device(args.device)
+    use_device(args.device)
     where = tempfile.mkdtemp(prefix="graph-kernels-")     # (removed at the end)
     ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=2, save_graphs_path=where)
     rng = np.random.default_rng(0)

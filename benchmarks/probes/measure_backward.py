@@ -16,12 +16,14 @@ import os
 import sys
 import time
 
-import mindspore as ms
-import numpy as np
-from mindspore import nn
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from pipe.cli import Parser  # noqa: E402
+from pipe.cli import Parser, use_device  # noqa: E402
 from pipe.partition import _LayerStep  # noqa: E402  (a cell's compiled forward + backward)
 from pipe.core.chunk import Chunk  # noqa: E402
 
@@ -41,9 +43,9 @@ def main():
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--device", default="CPU")
+    p.add_argument("--device", choices=["CPU", "GPU"], default="CPU")
     args = p.parse_args()
-    ms.set_device(args.device)
+    use_device(args.device)
     layers = [cell for _ in range(args.layers) for cell in (nn.Dense(args.width, args.width), nn.ReLU())]
     net = nn.SequentialCell(layers)
     x = ms.Tensor(np.random.randn(args.batch, args.width).astype(np.float32))

@@ -22,7 +22,7 @@ from mindspore import nn  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "mnist"))
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=positive_int, default=1)
     p.add_argument("--one-graph", action="store_true")
     args = p.parse_args(argv)
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     config = PipelineConfig(micro_batches=args.micro_batches, batch_size=64, device=args.device,
                             one_graph=args.one_graph)

@@ -15,18 +15,21 @@ mean as a scalar instead of (sum, count): no count at all. pipe's step takes M m
 (`--micro-batches`, 1 by default) and its modes as the benchmarks' flags set them;
 MindSpore's takes the whole batch at once. Medians over the steps, in milliseconds.
 """
+import os
 import statistics
 import sys
 import time
 from collections import defaultdict
 
-import mindspore as ms
-from mindspore import nn
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_speed_flags, positive_int  # noqa: E402
+from pipe.cli import Parser, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -103,7 +106,7 @@ def main(argv=None):
     add_speed_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
     args = p.parse_args(argv)
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]

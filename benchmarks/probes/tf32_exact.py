@@ -27,7 +27,7 @@ import gpt_benchmark  # noqa: E402
 from gpt_benchmark import OwnStep, data, gpt, layers  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.cli import Parser  # noqa: E402
+from pipe.cli import Parser, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.precision import set_matmul_precision  # noqa: E402
@@ -66,7 +66,7 @@ def main():
     p.add_argument("--save", help="write MindSpore's weights here (.npz)")
     p.add_argument("--against", type=cli.existing_file, help="MindSpore's weights from the other setting")
     args = p.parse_args()
-    ms.set_device(args.device)
+    use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     config = PipelineConfig(device=args.device, tf32=args.tf32, batch_size=8, defer_wgrad=False)
     config.check()

@@ -10,7 +10,6 @@ each length the first time it comes. The loss is the token mean over the real by
 the whole batch. At the end it prints a short sample, generated with `engine.predict`.
 """
 import os
-import shutil
 import sys
 import time
 
@@ -23,7 +22,7 @@ from mindspore import nn  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
 from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      config_from, positive_int, run)
+                      config_from, positive_int, run, use_device)
 from pipe.engine import PipelineEngine  # noqa: E402
 
 
@@ -65,9 +64,8 @@ def generate(engine, prompts, length, rng):
 
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
-    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device(device)
+    device = use_device(args.device)
     config = config_from(args, device=device)     # every flag named after a config field
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)

@@ -11,7 +11,6 @@ so every layout (stages x replicas) trains the very same model from the same sta
 """
 import argparse
 import os
-import shutil
 import sys
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
@@ -25,7 +24,7 @@ import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
 from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      config_from, positive_int)
+                      config_from, positive_int, use_device)
 from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
@@ -110,9 +109,8 @@ def build_model(layers, hidden, inputs=784, init="he_uniform"):
 def train(args, wire=None):
     """Train as `args` say; returns what this rank saw: the loss of every step, the
     held-out accuracy, the peak activation memory and the data used. `wire` overrides the launcher's."""
-    device = args.device if args.device != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device(device)
+    device = use_device(args.device)
     ms.set_seed(args.seed)
 
     layers = mlp_layers(args.layers, args.hidden) if args.model == "mlp" else cnn_layers(dropout=args.dropout)
