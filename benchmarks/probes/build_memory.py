@@ -9,12 +9,15 @@ import os
 import resource
 import sys
 
-import mindspore as ms
-import numpy as np
-from mindspore import nn
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "mnist"))
 from train import mlp_layers  # noqa: E402
+from pipe.cli import use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -25,7 +28,7 @@ if len(sys.argv) != 3 or sys.argv[1] not in ("whole", "own") or not sys.argv[2].
     sys.exit(2)
 build, P = sys.argv[1], int(sys.argv[2])
 ms.set_context(mode=ms.PYNATIVE_MODE)
-ms.set_device("GPU")
+use_device("GPU")
 layers = mlp_layers(16, 8192, 8192)
 model = layers if build == "own" else nn.SequentialCell([b() for b in layers])
 B, M = 256, max(P, 2)

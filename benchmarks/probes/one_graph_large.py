@@ -13,7 +13,6 @@ the device did (benchmarks/probes/device_trace.py).
 """
 import gc
 import os
-import shutil
 import statistics
 import sys
 
@@ -27,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmark import build_model, own_random_weights, timed  # noqa: E402
 from device_trace import summary, trace  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -67,10 +66,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--device-trace", metavar="DIR", help="trace each variant's kernels (GPU)")
     args = p.parse_args(argv)
-    device = "GPU" if shutil.which("nvidia-smi") else "CPU"
+    device = use_device("auto")
     if args.device_trace and device != "GPU":
         p.error("--device-trace needs a GPU (it records CUDA kernels)")
-    ms.set_device(device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((args.batch_size, args.hidden)).astype(np.float32))

@@ -22,7 +22,7 @@ from benchmark import peak_memory  # noqa: E402
 from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.cli import Parser  # noqa: E402
+from pipe.cli import Parser, use_device  # noqa: E402
 
 
 class OwnSkip(bench.OwnStep):
@@ -56,8 +56,7 @@ def main(argv=None):
     known, rest = p.parse_known_args(argv)
     args = bench.parse_args(rest + ["--impl", "mindspore", "--precision", "fp16"])
     args.impl = known.impl
-    device = args.device if args.device != "auto" else "GPU"
-    ms.set_device(device)
+    device = use_device(args.device if args.device != "auto" else "GPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     windows = median_windows(mindspore_step(args), args.warmup, args.steps, args.repeats)
     print(f"{args.impl} fp16: {sorted(windows)[len(windows) // 2] * 1e3:.1f} ms per step, peak "

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmark import build_model, own_random_weights  # noqa: E402
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, add_speed_flags  # noqa: E402
+from pipe.cli import Parser, add_speed_flags, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -41,7 +41,7 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=H, help="(smaller: a CPU check of the script)")
     add_speed_flags(p)
     args = p.parse_args(argv)
-    ms.set_device("GPU" if args.hidden == H else "CPU")
+    use_device("GPU" if args.hidden == H else "CPU")
     hidden = args.hidden
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((B, hidden)).astype(np.float32))
