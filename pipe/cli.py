@@ -91,7 +91,7 @@ def use_device(name):
     device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
         print(f"error: --device {device}: this MindSpore cannot run on it here (its {device} plugin "
-              f"did not load); use --device CPU", file=sys.stderr)
+              "did not load); use --device CPU", file=sys.stderr)
         sys.exit(2)
     ms.set_device(device)
     return device
