@@ -98,3 +98,34 @@ def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoi
     assert all(not np.array_equal(loaded[n], start[n]) for n in (f"{head}.1.table", "1.1.dense.weight"))
     worst = max(float(np.abs(loaded[n] - trained_here[n]).max()) for n in names)
     assert worst < 1e-4, f"the example's checkpoint differs from one process by {worst}"
+
+
+
+
+def values_and_grads(f, x, dy, weights=()):
+    """sum(f(x) * dy) and its gradients for x and for each of `weights`."""
+    def loss(x):
+        return (f(x) * dy).sum()
+    if not weights:
+        return list(ms.value_and_grad(loss, 0)(x))
+    value, (dx, dw) = ms.value_and_grad(loss, 0, weights)(x)
+    return [value, dx, *dw]
+
+
+def test_the_templates_own_layers_compute_mindspores_math():
+    """The template's Linear and Softmax, written for the GPU's sake (their docstrings say
+    why), give nn.Dense's and ops.softmax's values and gradients."""
+    rng = np.random.default_rng(SEED)
+    x, dy = (ms.Tensor(rng.standard_normal(shape), ms.float32) for shape in [(2, 3, 8), (2, 3, 4)])
+    ours, dense = gpt.Linear(8, 4), ms.nn.Dense(8, 4)
+    dense.weight.set_data(ours.weight.value())
+    dense.bias.set_data(ours.bias.value())
+    pairs = [(values_and_grads(ours, x, dy, ours.trainable_params()),
+              values_and_grads(dense, x, dy, dense.trainable_params()))]
+    scores, dy = (ms.Tensor(rng.standard_normal((2, 2, 5, 5)), ms.float32) for _ in range(2))
+    pairs.append((values_and_grads(gpt.Softmax(), scores, dy),
+                  values_and_grads(lambda s: ms.ops.softmax(s, -1), scores, dy)))
+    for got, want in pairs:
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-6)
