@@ -102,29 +102,43 @@ def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoi
 
 
 
-def values_and_grads(f, x, dy, weights=()):
-    """sum(f(x) * dy) and its gradients for x and for each of `weights`."""
-    def loss(x):
-        return (f(x) * dy).sum()
+
+def values_and_grads(f, inputs, dy, weights=()):
+    """sum(f(*inputs) * dy) and its gradients for each input and each of `weights`."""
+    def loss(*inputs):
+        return (f(*inputs) * dy).sum()
+    positions = tuple(range(len(inputs)))
     if not weights:
-        return list(ms.value_and_grad(loss, 0)(x))
-    value, (dx, dw) = ms.value_and_grad(loss, 0, weights)(x)
-    return [value, dx, *dw]
+        value, grads = ms.value_and_grad(loss, positions)(*inputs)
+        return [value, *grads]
+    value, (grads, weight_grads) = ms.value_and_grad(loss, positions, weights)(*inputs)
+    return [value, *grads, *weight_grads]
 
 
 def test_the_templates_own_layers_compute_mindspores_math():
-    """The template's Linear and Softmax, written for the GPU's sake (their docstrings say
-    why), give nn.Dense's and ops.softmax's values and gradients."""
+    """The template's Linear, Softmax, Scores and Mix, written for the GPU's sake (their
+    docstrings say why), give nn.Dense's, ops.softmax's and ops.matmul's values and
+    gradients."""
     rng = np.random.default_rng(SEED)
-    x, dy = (ms.Tensor(rng.standard_normal(shape), ms.float32) for shape in [(2, 3, 8), (2, 3, 4)])
+
+    def tensors(*shapes):
+        return [ms.Tensor(rng.standard_normal(shape), ms.float32) for shape in shapes]
+
     ours, dense = gpt.Linear(8, 4), ms.nn.Dense(8, 4)
     dense.weight.set_data(ours.weight.value())
     dense.bias.set_data(ours.bias.value())
-    pairs = [(values_and_grads(ours, x, dy, ours.trainable_params()),
-              values_and_grads(dense, x, dy, dense.trainable_params()))]
-    scores, dy = (ms.Tensor(rng.standard_normal((2, 2, 5, 5)), ms.float32) for _ in range(2))
-    pairs.append((values_and_grads(gpt.Softmax(), scores, dy),
-                  values_and_grads(lambda s: ms.ops.softmax(s, -1), scores, dy)))
+    h, dy = tensors((2, 3, 8), (2, 3, 4))
+    pairs = [(values_and_grads(ours, [h], dy, ours.trainable_params()),
+              values_and_grads(dense, [h], dy, dense.trainable_params()))]
+    scores, dy = tensors((2, 2, 5, 5), (2, 2, 5, 5))
+    pairs.append((values_and_grads(gpt.Softmax(), [scores], dy),
+                  values_and_grads(lambda s: ms.ops.softmax(s, -1), [scores], dy)))
+    q, k, dy = tensors((2, 2, 5, 3), (2, 2, 5, 3), (2, 2, 5, 5))
+    pairs.append((values_and_grads(gpt.Scores(), [q, k], dy),
+                  values_and_grads(lambda q, k: ms.ops.matmul(q, k.swapaxes(-1, -2)), [q, k], dy)))
+    p, v, dy = tensors((2, 2, 5, 5), (2, 2, 5, 3), (2, 2, 5, 3))
+    pairs.append((values_and_grads(gpt.Mix(), [p, v], dy),
+                  values_and_grads(ms.ops.matmul, [p, v], dy)))
     for got, want in pairs:
         assert len(got) == len(want)
         for a, b in zip(got, want):
