@@ -1,6 +1,7 @@
 """Time the GPT example's model (examples/gpt/model.py) on one device: pipe or MindSpore's own step.
 
     python benchmarks/gpt_benchmark.py --impl mindspore                 # MindSpore's own step, one ms.jit
+    python benchmarks/gpt_benchmark.py --impl mindspore --micro-batches 4   # ... accumulating 4 micro-batches
     python benchmarks/gpt_benchmark.py --impl pipe --micro-batches 4    # pipe's defaults
     python benchmarks/gpt_benchmark.py --impl pipe --no-one-graph --precision fp16
     mpiexec -n 2 python benchmarks/gpt_benchmark.py --stages 2 --micro-batches 4   # a pipeline (1F1B)
@@ -68,7 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--label", default="")
     add_speed_flags(p)
     add_precision_flag(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.batch_size % args.micro_batches:
+        m = args.micro_batches
+        p.error(f"--batch-size {args.batch_size} cannot be split into --micro-batches {m}: it must "
+                f"be a multiple of {m}; try --batch-size {max(m, args.batch_size // m * m)}")
+    return args
 
 
 def data(args):
@@ -121,6 +127,40 @@ class OwnStep(nn.Cell):
         return ops.depend(loss / self.scale, self.optimizer(grads)), finite
 
 
+class AccumulatingStep(OwnStep):
+    """MindSpore's own step over M micro-batches, as a MindSpore user accumulates gradients:
+    each micro-batch's summed token loss over the whole batch's count, its gradients
+    (float32, as the weights) added up, then one Adam step, all one graph; in fp16 the step
+    is skipped when a gradient overflowed, with S fixed. The anchor for pipe at M > 1 on
+    one device, where the whole batch's step launches a quarter of the kernels."""
+
+    def __init__(self, model, half, micro_batches):
+        super().__init__(model, half)
+        self.micro_batches = micro_batches
+        self.grad = ms.value_and_grad(self.scaled_part, None, self.weights)
+
+    def scaled_part(self, ids, targets, count):
+        total, _ = self.token_mean.loss(self.token_mean.model(ids).astype(ms.float32), targets)
+        return total / count * self.scale
+
+    @ms.jit
+    def construct(self, ids, targets):
+        count = (targets != gpt.IGNORE).sum().astype(ms.float32)
+        rows = ids.shape[0] // self.micro_batches
+        loss, grads = self.grad(ids[:rows], targets[:rows], count)
+        for i in range(1, self.micro_batches):
+            part_loss, part = self.grad(ids[i * rows:(i + 1) * rows], targets[i * rows:(i + 1) * rows], count)
+            loss, grads = loss + part_loss, tuple(a + b for a, b in zip(grads, part))
+        grads = tuple(g / self.scale for g in grads)
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        if self.half:
+            if finite:
+                loss = ops.depend(loss, self.optimizer(grads))
+        else:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss / self.scale, finite
+
+
 class LossScaledStep(nn.Cell):
     """MindSpore's own fp16 step, the recipe pipe's fp16 follows: its
     TrainOneStepWithLossScaleCell over float16 layers, a DynamicLossScaleUpdateCell (S from
@@ -141,13 +181,17 @@ class LossScaledStep(nn.Cell):
 
 def mindspore_step(args, device):
     """MindSpore's own step on the GPT; in fp16 on a GPU its loss-scaled recipe (on CPU its
-    TrainOneStepWithLossScaleCell checks overflow with an Ascend operator: OwnStep there)."""
+    TrainOneStepWithLossScaleCell checks overflow with an Ascend operator: OwnStep there);
+    with --micro-batches M > 1, the gradients of M micro-batches accumulated."""
     model = LayerBuilders(layers(args), 0).whole()
     half = args.precision == "fp16"
     if half:
         for layer in model.cells():
             layer.to_float(ms.float16)
-    step = LossScaledStep(model) if half and device == "GPU" else OwnStep(model, half)
+    if args.micro_batches > 1:
+        step = AccumulatingStep(model, half, args.micro_batches)
+    else:
+        step = LossScaledStep(model) if half and device == "GPU" else OwnStep(model, half)
     ids, targets = map(ms.Tensor, data(args))
     place = {"rank": 0, "stage": 0, "impl": "builtin", "defer_wgrad": False, "one_graph": True}
     return lambda: step(ids, targets)[0].asnumpy(), place, count_params(model.trainable_params())

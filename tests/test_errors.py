@@ -67,6 +67,9 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
      "error: --batch-size 30 cannot be split over --data-parallel 1 replicas x --micro-batches 4: it must "
      "be a multiple of 4; try --batch-size 28\n"),
+    ([sys.executable, "benchmarks/gpt_benchmark.py", "--batch-size", "18", "--micro-batches", "4"],
+     "error: --batch-size 18 cannot be split into --micro-batches 4: it must be a multiple of 4; "
+     "try --batch-size 16\n"),
     ([sys.executable, "benchmarks/probes/project.py", "docs/traces/trace-large-2x1-1f1b.json",
       "--schedule", "pipedream"],
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1, "

@@ -7,13 +7,15 @@ The pipelines run in the shared launch (conftest.trained); the reference is Mind
 TrainOneStepCell over the unsplit model and the whole batch's token mean, in this process.
 """
 import functools
+import os
+import sys
 
 import mindspore as ms
 import numpy as np
 import pytest
 
 from gpt_run import LENGTHS, ONE_LENGTH, TokenMean, gpt, plain_fp16_run, plain_run
-from launch import assert_like_one_process
+from launch import ROOT, assert_like_one_process
 from pipe.builders import LayerBuilders
 
 SEED = 11
@@ -143,3 +145,25 @@ def test_the_templates_own_layers_compute_mindspores_math():
         assert len(got) == len(want)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_benchmarks_accumulating_mindspore_step_trains_like_its_whole_batch_step():
+    """gpt_benchmark.py's anchor for pipe at M > 1 (`--impl mindspore --micro-batches M`):
+    MindSpore's own step accumulating the micro-batches' gradients takes the whole batch's
+    token mean, as its one-batch step does."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import gpt_benchmark
+    args = gpt_benchmark.parse_args("--layers 1 --width 16 --heads 2 --context 16 --batch-size 8 "
+                                    "--device CPU".split())
+    ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
+    runs = []
+    for micro_batches in (1, 4):
+        model = LayerBuilders(gpt_benchmark.layers(args), SEED).whole()
+        step = gpt_benchmark.OwnStep(model, False) if micro_batches == 1 else \
+            gpt_benchmark.AccumulatingStep(model, False, micro_batches)
+        losses = [float(step(ids, targets)[0].asnumpy()) for _ in range(2)]
+        runs.append((losses, [p.asnumpy() for p in model.trainable_params()]))
+    (whole_losses, whole), (losses, weights) = runs
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-6)
+    for a, b in zip(weights, whole):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -13,7 +13,9 @@ the graph's call (until it returns), the overflow flag's and the loss's reads; a
 MindSpore's own step as its call and its loss's read. `--loss mean` gives pipe the token
 mean as a scalar instead of (sum, count): no count at all. pipe's step takes M micro-batches
 (`--micro-batches`, 1 by default) and its modes as the benchmarks' flags set them;
-MindSpore's takes the whole batch at once. Medians over the steps, in milliseconds.
+MindSpore's takes the whole batch at once, and at M > 1 also the M micro-batches with
+their gradients accumulated (`gpt_benchmark.AccumulatingStep`), the three in turn.
+Medians over the steps, in milliseconds.
 """
 import os
 import statistics
@@ -84,16 +86,22 @@ def pipe_steps(args, ids, targets):
     return timed(f"pipe step ({args.loss} loss)", lambda: engine.train_step(ids, targets))
 
 
-def mindspore_steps(args, ids, targets):
+def mindspore_steps(args, ids, targets, micro_batches=1):
+    """MindSpore's own step: the whole batch, or M micro-batches' gradients accumulated."""
     model = gpt_benchmark.LayerBuilders(gpt_benchmark.layers(args), 0).whole()
-    if args.precision == "fp16":
+    half = args.precision == "fp16"
+    if half:
         for layer in model.cells():
             layer.to_float(ms.float16)
-    step = gpt_benchmark.LossScaledStep(model) if args.precision == "fp16" and args.device == "GPU" \
-        else gpt_benchmark.OwnStep(model, args.precision == "fp16")
-    call = timed("  its call (returns)", step)
-    read = timed("  the loss read", lambda out: out[0].asnumpy())
-    return timed("MindSpore's step", lambda: read(call(ids, targets)))
+    if micro_batches > 1:
+        step = gpt_benchmark.AccumulatingStep(model, half, micro_batches)
+    else:
+        step = gpt_benchmark.LossScaledStep(model) if half and args.device == "GPU" \
+            else gpt_benchmark.OwnStep(model, half)
+    name = "MindSpore's step" + (f", {micro_batches} micro-batches accumulated" if micro_batches > 1 else "")
+    call = timed(f"  its call (returns){'' if micro_batches == 1 else ', accumulating'}", step)
+    read = timed(f"  the loss read{'' if micro_batches == 1 else ', accumulating'}", lambda out: out[0].asnumpy())
+    return timed(name, lambda: read(call(ids, targets)))
 
 
 def main(argv=None):
@@ -110,6 +118,8 @@ def main(argv=None):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]
+    if args.micro_batches > 1:
+        steps.append(mindspore_steps(args, ids, targets, args.micro_batches))
     for step in steps:                   # warm up; then the two in turn, step by step
         for _ in range(3):
             step()
