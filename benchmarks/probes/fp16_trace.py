@@ -100,7 +100,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", choices=["GPU", "CPU"], default="GPU", help="CPU: a smoke test")
-    p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's GPT only")
+    p.add_argument("--micro-batches", type=positive_int, default=1,
+                   help="the GPT only: pipe's M, or MindSpore's own step accumulating M micro-batches")
     add_speed_flags(p)
     args = p.parse_args(argv)
     use_device(args.device)

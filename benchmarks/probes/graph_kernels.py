@@ -7,7 +7,7 @@
 The small MLP as the benchmark has it (8 x 1024, B = 64, M = 1), or the GPT example's model,
 small (2 blocks of width 64, T = 32, B = 8): MindSpore's own step (gpt_benchmark's) or
 pipe's in one graph, at M = 1 or more (what deferring W adds or saves there is counted the
-same way). A step whose device work
+same way; MindSpore's step at M > 1 accumulates the micro-batches' gradients). A step whose device work
 is under a millisecond costs what its operators cost to launch, so the count is the
 figure: MindSpore writes the kernel graph it builds (`save_graphs`, `graph_build_*.ir`)
 and this counts its operators by name (bookkeeping nodes left out), after one step.
@@ -65,7 +65,8 @@ def gpt_step(args):
     import gpt_benchmark
     gpt_args = gpt_benchmark.parse_args([
         "--layers", "2", "--width", "64", "--heads", "4", "--context", "32", "--batch-size", "8",
-        "--micro-batches", str(args.micro_batches), "--one-graph", "--device", args.device,
+        "--micro-batches", str(args.micro_batches or (4 if args.impl == "pipe" else 1)),
+        "--one-graph", "--device", args.device,
         "--precision", args.precision,
         "--defer-wgrad" if args.defer_wgrad is not False else "--no-defer-wgrad"])
     if args.impl == "mindspore":
@@ -91,7 +92,9 @@ def main():
     p.add_argument("--impl", choices=["mindspore", "pipe"], default="pipe")
     p.add_argument("--model", choices=["small", "gpt"], default="small")
     p.add_argument("--device", choices=["CPU", "GPU"], default="CPU")
-    p.add_argument("--micro-batches", type=positive_int, default=4, help="pipe's GPT")
+    p.add_argument("--micro-batches", type=positive_int,
+                   help="the GPT's: pipe's (4 unless given), or MindSpore's own step accumulating "
+                        "them (gpt_benchmark.AccumulatingStep; the whole batch at once unless given)")
     add_speed_flags(p)
     add_precision_flag(p)
     args = p.parse_args()
