@@ -120,7 +120,7 @@ def main(argv=None):
     steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]
     if args.micro_batches > 1:
         steps.append(mindspore_steps(args, ids, targets, args.micro_batches))
-    for step in steps:                   # warm up; then the two in turn, step by step
+    for step in steps:                   # warm up; then the steps in turn, step by step
         for _ in range(3):
             step()
     TIMES.clear()
