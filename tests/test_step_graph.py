@@ -104,13 +104,15 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
     assert losses == graph_losses and all((a == b).all() for a, b in zip(loop, graph))
 
 
-@pytest.mark.parametrize("micro_batches,defer_wgrad,modes", [(2, True, (False, True)), (1, False, (True,))])
+@pytest.mark.parametrize("micro_batches,defer_wgrad,recompute,modes", [
+    (2, True, False, (False, True)), (1, False, False, (True,)), (2, False, True, (False, True))])
 def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(micro_batches, defer_wgrad,
-                                                                                modes):
+                                                                                recompute, modes):
     """The GPT example's layers on one stage, the (sum, count) loss: 2 micro-batches with W
     deferred (its rows of each (hidden, mask) argument joined per element), one graph
-    bitwise the loop; one micro-batch with B whole. Both like one process's token mean.
-    (One length and one block: new lengths and more blocks are tests/test_gpt.py's.)"""
+    bitwise the loop; one micro-batch with B whole; 2 recomputed (its cells with their own
+    bprop run again). All like one process's token mean. (One length and one block: new
+    lengths and more blocks are tests/test_gpt.py's.)"""
     import mindspore as ms
     from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer, plain_run
     from pipe.engine import PipelineEngine
@@ -118,7 +120,7 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
     size, runs = dict(SIZE, layers=1), []
     for one_graph in modes:
         config = PipelineConfig(micro_batches=micro_batches, batch_size=BATCH, one_graph=one_graph,
-                                defer_wgrad=defer_wgrad, seed=3)
+                                defer_wgrad=defer_wgrad, recompute=recompute, seed=3)
         engine = PipelineEngine(gpt.gpt_layers(**size), gpt.TokenLoss(), optimizer, config)
         losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
         runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
