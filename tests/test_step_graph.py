@@ -104,17 +104,25 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
     assert losses == graph_losses and all((a == b).all() for a, b in zip(loop, graph))
 
 
+@pytest.fixture(scope="module")
+def one_block_plain():
+    """One process's run of the GPT's layers, one block, one length (seed 3): ({name:
+    value}, every step's loss), the reference of the test below, made once."""
+    from gpt_run import ONE_LENGTH, SIZE, plain_run
+    return plain_run(3, ONE_LENGTH, dict(SIZE, layers=1))
+
+
 @pytest.mark.parametrize("micro_batches,defer_wgrad,recompute,modes", [
-    (2, True, False, (False, True)), (1, False, False, (True,)), (2, False, True, (False, True))])
-def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(micro_batches, defer_wgrad,
-                                                                                recompute, modes):
+    (2, True, False, (False, True)), (1, False, False, (True,)), (2, False, True, (True,))])
+def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
+        one_block_plain, micro_batches, defer_wgrad, recompute, modes):
     """The GPT example's layers on one stage, the (sum, count) loss: 2 micro-batches with W
     deferred (its rows of each (hidden, mask) argument joined per element), one graph
-    bitwise the loop; one micro-batch with B whole; 2 recomputed (its cells with their own
-    bprop run again). All like one process's token mean. (One length and one block: new
-    lengths and more blocks are tests/test_gpt.py's.)"""
+    bitwise the loop; one micro-batch with B whole; 2 recomputed as one graph (its cells
+    with their own bprop run again). All like one process's token mean. (One length and one
+    block: new lengths and more blocks are tests/test_gpt.py's.)"""
     import mindspore as ms
-    from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer, plain_run
+    from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     size, runs = dict(SIZE, layers=1), []
@@ -126,7 +134,7 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
         runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
     (losses, loop), (graph_losses, graph) = runs[0], runs[-1]
     assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
-    weights, plain_losses = plain_run(3, ONE_LENGTH, size)
+    weights, plain_losses = one_block_plain
     assert max(float(abs(graph[n] - weights[n]).max()) for n in weights) < 2e-5
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
 
