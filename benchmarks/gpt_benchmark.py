@@ -119,11 +119,15 @@ class OwnStep(nn.Cell):
     def scaled(self, ids, targets):
         return self.token_mean(ids, targets) * self.scale
 
+    def unscaled(self, grads):
+        """(the gradients / S, whether every one is finite)."""
+        grads = tuple(g / self.scale for g in grads)
+        return grads, ops.stack([ops.isfinite(g).all() for g in grads]).all()
+
     @ms.jit
     def construct(self, ids, targets):
         loss, grads = self.grad(ids, targets)
-        grads = tuple(g / self.scale for g in grads)
-        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        grads, finite = self.unscaled(grads)
         return ops.depend(loss / self.scale, self.optimizer(grads)), finite
 
 
@@ -151,8 +155,7 @@ class AccumulatingStep(OwnStep):
         for i in range(1, self.micro_batches):
             part_loss, part = self.grad(ids[i * rows:(i + 1) * rows], targets[i * rows:(i + 1) * rows], count)
             loss, grads = loss + part_loss, tuple(a + b for a, b in zip(grads, part))
-        grads = tuple(g / self.scale for g in grads)
-        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        grads, finite = self.unscaled(grads)
         if self.half:
             if finite:
                 loss = ops.depend(loss, self.optimizer(grads))
@@ -179,19 +182,23 @@ class LossScaledStep(nn.Cell):
         return self.step(ids, targets)
 
 
-def mindspore_step(args, device):
-    """MindSpore's own step on the GPT; in fp16 on a GPU its loss-scaled recipe (on CPU its
-    TrainOneStepWithLossScaleCell checks overflow with an Ascend operator: OwnStep there);
-    with --micro-batches M > 1, the gradients of M micro-batches accumulated."""
+def own_step(args, device, micro_batches):
+    """(MindSpore's own step on the GPT, its model): in fp16 on a GPU its loss-scaled recipe
+    (on CPU its TrainOneStepWithLossScaleCell checks overflow with an Ascend operator:
+    OwnStep there); with M > 1 micro-batches, their gradients accumulated."""
     model = LayerBuilders(layers(args), 0).whole()
     half = args.precision == "fp16"
     if half:
         for layer in model.cells():
             layer.to_float(ms.float16)
-    if args.micro_batches > 1:
-        step = AccumulatingStep(model, half, args.micro_batches)
-    else:
-        step = LossScaledStep(model) if half and device == "GPU" else OwnStep(model, half)
+    if micro_batches > 1:
+        return AccumulatingStep(model, half, micro_batches), model
+    return (LossScaledStep(model) if half and device == "GPU" else OwnStep(model, half)), model
+
+
+def mindspore_step(args, device):
+    """MindSpore's own step on the GPT (own_step), at --micro-batches, timed by main."""
+    step, model = own_step(args, device, args.micro_batches)
     ids, targets = map(ms.Tensor, data(args))
     place = {"rank": 0, "stage": 0, "impl": "builtin", "defer_wgrad": False, "one_graph": True}
     return lambda: step(ids, targets)[0].asnumpy(), place, count_params(model.trainable_params())

@@ -31,8 +31,7 @@ class OwnSkip(bench.OwnStep):
     @ms.jit
     def construct(self, ids, targets):
         loss, grads = self.grad(ids, targets)
-        grads = tuple(g / self.scale for g in grads)
-        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        grads, finite = self.unscaled(grads)
         if finite:
             loss = ops.depend(loss, self.optimizer(grads))
         return loss / self.scale, finite

@@ -88,19 +88,11 @@ def pipe_steps(args, ids, targets):
 
 def mindspore_steps(args, ids, targets, micro_batches=1):
     """MindSpore's own step: the whole batch, or M micro-batches' gradients accumulated."""
-    model = gpt_benchmark.LayerBuilders(gpt_benchmark.layers(args), 0).whole()
-    half = args.precision == "fp16"
-    if half:
-        for layer in model.cells():
-            layer.to_float(ms.float16)
-    if micro_batches > 1:
-        step = gpt_benchmark.AccumulatingStep(model, half, micro_batches)
-    else:
-        step = gpt_benchmark.LossScaledStep(model) if half and args.device == "GPU" \
-            else gpt_benchmark.OwnStep(model, half)
+    step, _ = gpt_benchmark.own_step(args, args.device, micro_batches)
+    which = "" if micro_batches == 1 else ", accumulating"
+    call = timed(f"  its call (returns){which}", step)
+    read = timed(f"  the loss read{which}", lambda out: out[0].asnumpy())
     name = "MindSpore's step" + (f", {micro_batches} micro-batches accumulated" if micro_batches > 1 else "")
-    call = timed(f"  its call (returns){'' if micro_batches == 1 else ', accumulating'}", step)
-    read = timed(f"  the loss read{'' if micro_batches == 1 else ', accumulating'}", lambda out: out[0].asnumpy())
     return timed(name, lambda: read(call(ids, targets)))
 
 
