@@ -10,12 +10,12 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   the flush) and, for anything but a Dense, time: W differentiates a layer's weights again
   at its kept input, and even with the GPT example's blocks cut into pieces of one product
   each (docs/models.md), a norm's W taken in I and one W per micro-batch at the flush
-  where joining rows costs more (pipe.split_backward.joins), deferring measured 1.00-1.02x
-  (fp32) and 1.05x (fp16) as one graph at M=4 on one H200 (0.93x in the loop, fp16), at up
-  to 1.4x the memory (a whole block in one construct: 1.6x slower). So pipe defers unless the
-  config says memory is short (`recompute`), a layer holds buffers (batch norm: its
-  gradient over all rows would use their joint statistics) or a layer with weights is not
-  an nn.Dense.
+  where joining rows costs more (pipe.split_backward.joins), deferring measured 1.04x
+  (fp32) and 1.15x (fp16) as one graph at M=4 on one H200 (in the loop 1.01x and 1.32x,
+  at up to 1.9x the memory; a whole block in one construct: 1.6x slower). So pipe defers
+  unless the config says memory is short (`recompute`), a layer holds buffers (batch
+  norm: its gradient over all rows would use their joint statistics) or a layer with
+  weights is not an nn.Dense.
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
