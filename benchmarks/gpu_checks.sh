@@ -51,6 +51,7 @@ if [ "$GRAPH" = --one-graph ]; then   # the reference runs as the pipelines do
   python benchmarks/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
     "$OUT/$REF/model.ckpt" "$OUT/$REF.log" | head -n 2 || true
 fi
+differ=""                              # every schedule runs; those that differ are named at the end
 for schedule in $SCHEDULES; do
   echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True $TRAIN $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
   msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
@@ -58,5 +59,6 @@ for schedule in $SCHEDULES; do
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
   python benchmarks/compare_runs.py "$OUT/$REF/model.ckpt" "$OUT/$REF.log" \
-    "$OUT/$schedule/model.ckpt" "$OUT/logs-$schedule/worker_0.log"
+    "$OUT/$schedule/model.ckpt" "$OUT/logs-$schedule/worker_0.log" || differ="$differ $schedule"
 done
+[ -z "$differ" ] || { echo "differ from one GPU:$differ"; exit 1; }
