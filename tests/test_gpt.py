@@ -102,9 +102,6 @@ def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoi
     assert worst < 1e-4, f"the example's checkpoint differs from one process by {worst}"
 
 
-
-
-
 def values_and_grads(f, inputs, dy, weights=()):
     """sum(f(*inputs) * dy) and its gradients for each input and each of `weights`."""
     def loss(*inputs):
@@ -158,9 +155,7 @@ def test_the_benchmarks_accumulating_mindspore_step_trains_like_its_whole_batch_
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     runs = []
     for micro_batches in (1, 2):
-        model = LayerBuilders(gpt_benchmark.layers(args), SEED).whole()
-        step = gpt_benchmark.OwnStep(model, False) if micro_batches == 1 else \
-            gpt_benchmark.AccumulatingStep(model, False, micro_batches)
+        step, model = gpt_benchmark.own_step(args, "CPU", micro_batches)   # (its choice of step)
         losses = [float(step(ids, targets)[0].asnumpy()) for _ in range(2)]
         runs.append((losses, [p.asnumpy() for p in model.trainable_params()]))
     (whole_losses, whole), (losses, weights) = runs
