@@ -1,0 +1,94 @@
+"""The GPT's W three ways at M micro-batches, against MindSpore's steps, in turn in one process.
+
+    python benchmarks/probes/wgrad_in_turn.py --precision fp16 --micro-batches 4 [--no-one-graph]
+
+Whether a deferred W should join its micro-batches' rows into one product per layer
+(`pipe.split_backward.joins`) was decided once on a template that has since changed, and
+one process to the next moves an M=4 step by up to 20%. So this builds, in one process:
+pipe with W per micro-batch; pipe with W deferred as `joins` decides; pipe with W deferred
+and every layer's rows joined (`joins` replaced by "always" around that engine's calls,
+the graph compiled under it); MindSpore's whole-batch step and its M micro-batches
+accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds.
+"""
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+from mindspore import nn  # noqa: E402
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
+import gpt_benchmark  # noqa: E402
+from pipe import actions, cli  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+
+
+def always(entries, weight_elements):
+    """`joins` as it was before ec6e59e: several micro-batches' rows always join."""
+    return len(entries) > 1
+
+
+def pipe_step(args, ids, targets, defer, join=None):
+    """One pipe engine's step; `join`: the `joins` it runs under (None: the rule)."""
+    config = PipelineConfig(stages=1, micro_batches=args.micro_batches, batch_size=args.batch_size,
+                            device=args.device, precision=args.precision, defer_wgrad=defer,
+                            one_graph=args.one_graph)
+    engine = PipelineEngine(gpt_benchmark.layers(args), gpt_benchmark.gpt.TokenLoss(),
+                            lambda ps: nn.Adam(ps, 1e-4), config)
+
+    def step():
+        rule = actions.joins
+        actions.joins = join or rule
+        try:
+            return engine.train_step(ids, targets)
+        finally:
+            actions.joins = rule
+    return step
+
+
+def own_step(args, ids, targets, micro_batches):
+    step, _ = gpt_benchmark.own_step(args, args.device, micro_batches)
+    return lambda: step(ids, targets)[0].asnumpy()
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
+    p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
+    gpt_benchmark.add_model_flags(p)
+    p.add_argument("--micro-batches", type=positive_int, default=4)
+    p.add_argument("--one-graph", action="store_true", default=True)
+    p.add_argument("--no-one-graph", dest="one_graph", action="store_false")
+    p.add_argument("--steps", type=positive_int, default=20)
+    args = p.parse_args(argv)
+    use_device(args.device)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
+    steps = {"pipe, W per micro-batch": pipe_step(args, ids, targets, False),
+             "pipe, W deferred (joins' rule)": pipe_step(args, ids, targets, True),
+             "pipe, W deferred, rows joined": pipe_step(args, ids, targets, True, always),
+             "MindSpore, whole batch": own_step(args, ids, targets, 1),
+             f"MindSpore, {args.micro_batches} accumulated": own_step(args, ids, targets, args.micro_batches)}
+    times = {name: [] for name in steps}
+    for step in steps.values():          # compile and warm up
+        for _ in range(3):
+            step()
+    for _ in range(args.steps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    graph = "one graph" if args.one_graph else "the loop"
+    print(f"{args.precision}, M={args.micro_batches}, {graph}, median of {args.steps} steps in turn:")
+    for name, ts in times.items():
+        print(f"  {name:36s} {statistics.median(ts) * 1e3:8.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)
