@@ -7,7 +7,8 @@ Whether a deferred W should join its micro-batches' rows into one product per la
 one process to the next moves an M=4 step by up to 20%. So this builds, in one process:
 pipe with W per micro-batch; pipe with W deferred as `joins` decides; pipe with W deferred
 and every layer's rows joined (`joins` replaced by "always" around that engine's calls,
-the graph compiled under it); MindSpore's whole-batch step and its M micro-batches
+the graph compiled under it), and the same with the rows flattened before each Concat
+(`flat_rows`); MindSpore's whole-batch step and its M micro-batches
 accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds.
 """
 import os
@@ -18,11 +19,11 @@ import time
 os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms  # noqa: E402
-from mindspore import nn  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
-from pipe import actions, cli  # noqa: E402
+from pipe import actions, cli, split_backward  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -33,8 +34,26 @@ def always(entries, weight_elements):
     return len(entries) > 1
 
 
-def pipe_step(args, ids, targets, defer, join=None):
-    """One pipe engine's step; `join`: the `joins` it runs under (None: the rule)."""
+def flat_rows(entries, i):
+    """`split_backward._cat_rows` with each tensor flattened before its Concat (the same
+    bytes in the same order; the kernel may copy them faster: concat_cost.py)."""
+    column = ()
+    for entry in entries:
+        column = column + (entry[i],)
+    if isinstance(column[0], tuple):
+        joined = ()
+        for j in range(len(column[0])):
+            joined = joined + (flat_rows(column, j),)
+        return joined
+    flat = ()
+    for part in column:
+        flat = flat + (part.reshape(-1),)
+    return ops.cat(flat).reshape((-1,) + column[0].shape[1:])
+
+
+def pipe_step(args, ids, targets, defer, join=None, cat_rows=None):
+    """One pipe engine's step; `join`: the `joins` it runs under (None: the rule);
+    `cat_rows`: the `split_backward._cat_rows` (None: its own)."""
     config = PipelineConfig(stages=1, micro_batches=args.micro_batches, batch_size=args.batch_size,
                             device=args.device, precision=args.precision, defer_wgrad=defer,
                             one_graph=args.one_graph)
@@ -42,12 +61,12 @@ def pipe_step(args, ids, targets, defer, join=None):
                             lambda ps: nn.Adam(ps, 1e-4), config)
 
     def step():
-        rule = actions.joins
-        actions.joins = join or rule
+        rule, own = actions.joins, split_backward._cat_rows
+        actions.joins, split_backward._cat_rows = join or rule, cat_rows or own
         try:
             return engine.train_step(ids, targets)
         finally:
-            actions.joins = rule
+            actions.joins, split_backward._cat_rows = rule, own
     return step
 
 
@@ -72,6 +91,7 @@ def main(argv=None):
     steps = {"pipe, W per micro-batch": pipe_step(args, ids, targets, False),
              "pipe, W deferred (joins' rule)": pipe_step(args, ids, targets, True),
              "pipe, W deferred, rows joined": pipe_step(args, ids, targets, True, always),
+             "pipe, W deferred, flat rows joined": pipe_step(args, ids, targets, True, always, flat_rows),
              "MindSpore, whole batch": own_step(args, ids, targets, 1),
              f"MindSpore, {args.micro_batches} accumulated": own_step(args, ids, targets, args.micro_batches)}
     times = {name: [] for name in steps}
@@ -86,7 +106,7 @@ def main(argv=None):
     graph = "one graph" if args.one_graph else "the loop"
     print(f"{args.precision}, M={args.micro_batches}, {graph}, median of {args.steps} steps in turn:")
     for name, ts in times.items():
-        print(f"  {name:36s} {statistics.median(ts) * 1e3:8.2f} ms")
+        print(f"  {name:38s} {statistics.median(ts) * 1e3:8.2f} ms")
     return 0
 
 
