@@ -27,7 +27,7 @@ from pipe.core.chunk import arguments, variable, with_sums
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
-from pipe.split_backward import joins, rows_of
+from pipe.split_backward import rows_of
 
 __all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
 
@@ -115,7 +115,6 @@ class Actions(nn.Cell):
         self.infers = each(lambda c: c.infer_cell)
         self.infer = infer
         self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
-        self.weight_elements = tuple(sum(p.size for p in c.params) for c in chunks)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         self.no_labels = chunks[0].no_labels
@@ -219,16 +218,11 @@ class Actions(nn.Cell):
 
     def weight_grad(self, state, mb, c, first_sum):
         """W: the weight gradients of micro-batch mb, or deferred to the flush (EVERY) of
-        all of them: one product per layer over their rows joined (rows_of), unless those
-        rows outnumber what separate products would add up (joins); then one W each."""
+        all of them: one product per layer over their rows joined (rows_of)."""
         entries = ()
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
             entries = entries + (take(state["waiting"], m * self.count + c),)
-        if joins(entries, self.weight_elements[c]):
-            return self.weight_grad_of(state, c, rows_of(entries), first_sum)
-        for m in range(len(entries)):
-            state = self.weight_grad_of(state, c, entries[m], first_sum and m == 0)
-        return state
+        return self.weight_grad_of(state, c, rows_of(entries), first_sum)
 
     def weight_grad_of(self, state, c, rows, first_sum):
         """Chunk c's weight gradients over `rows` (what W reads), added to its sums."""

@@ -7,15 +7,14 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   over the rows of all M micro-batches, not as M thin products each added into the sum:
   the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
   cost is memory (every micro-batch keeps its layers' inputs and output gradients until
-  the flush) and, for anything but a Dense, time: W differentiates a layer's weights again
-  at its kept input, and even with the GPT example's blocks cut into pieces of one product
-  each (docs/models.md), a norm's W taken in I and one W per micro-batch at the flush
-  where joining rows costs more (pipe.split_backward.joins), deferring measured 1.04x
-  (fp32) and 1.15x (fp16) as one graph at M=4 on one H200 (in the loop 1.01x and 1.32x,
-  at up to 1.9x the memory; a whole block in one construct: 1.6x slower). So pipe defers
-  unless the config says memory is short (`recompute`), a layer holds buffers (batch
-  norm: its gradient over all rows would use their joint statistics) or a layer with
-  weights is not an nn.Dense.
+  the flush) and, for anything but a Dense, no gain: W differentiates a layer's weights
+  again at its kept input, and even with the GPT example's blocks cut into pieces of one
+  product each (docs/models.md) and a norm's W taken in I, the copies that join the
+  GPT's rows cost what the launches they save did. Deferring measured 0.94-1.01x W per
+  micro-batch as one graph at M=4 on one H200 (in the loop 1.09x), at 1.45x the memory
+  (a whole block in one construct: 1.6x slower). So pipe defers unless the config says
+  memory is short (`recompute`), a layer holds buffers (batch norm: its gradient over
+  all rows would use their joint statistics) or a layer with weights is not an nn.Dense.
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
@@ -54,9 +53,9 @@ def choose_defer(config, buffers, composite=False):
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
     if composite:
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
-                       "its W measured slower on the GPT, even as pieces of one product)")
+                       "its W measured no faster on the GPT, at more memory)")
     return True, ("W deferred to the flush (every micro-batch's at the step's end, one product per "
-                  "layer over all of them where that is cheaper)")
+                  "layer over all of them)")
 
 
 def is_composite(layer):

@@ -4,7 +4,7 @@ the weight gradients nobody waits for (zero-bubble schedules, deferred W).
 I runs each layer's backward for dx only (the compiler drops dW) and stashes each weighted
 layer's output gradient; W computes dW = dY^T X from that stash and the layer's kept input,
 with no input gradient and no forward recomputed. A W deferred to the flush takes the rows
-of all micro-batches at once, one product per layer, where that is the cheaper way (joins).
+of all micro-batches at once (rows_of): one product per layer.
 
 A layer norm is the exception: its backward is one kernel that gives dx and its weights'
 gradients together, so a W of its own would run the norm's forward and backward again.
@@ -15,7 +15,7 @@ from mindspore import nn, ops
 
 from pipe.core.chunk import Differentiable, LayerGrad, arguments, gradient_positions, has_bool, per_weight
 
-__all__ = ["split_cells", "joins", "rows_of"]
+__all__ = ["split_cells", "rows_of"]
 
 
 def is_norm(layer):
@@ -101,31 +101,14 @@ def split_cells(chunk):
             WeightGrad(chunk.layers, chunk.residual_of))
 
 
-def joins(entries, weight_elements):
-    """Whether a deferred W joins its micro-batches' rows for one product per layer. The
-    join copies every row once (a Concat); one product per micro-batch instead writes and
-    adds M - 1 more gradients of the weights' size. So: join when the rows are fewer
-    elements. The MLPs' wide layers over few rows join (the large one's stage of two, M=8:
-    0.13 G row elements against 7 x 0.54 G; its ZB-V step 110 -> 85 ms); the GPT at T=512,
-    B=16, M=4 does not (1.2 G against 3 x 85 M: its Concats took 10 ms of an fp16 step on
-    one H200, benchmarks/log.md section 32). Graph-compilable: shapes are constants there."""
-    return len(entries) > 1 and _elements(entries) <= (len(entries) - 1) * weight_elements
-
-
-def _elements(value):
-    """The elements of a tensor, or of every tensor in a (nested) tuple."""
-    if not isinstance(value, tuple):
-        return value.size
-    total = 0
-    for part in value:
-        total = total + _elements(part)
-    return total
-
-
 def rows_of(entries):
-    """What W reads, from the `waiting` entries of several micro-batches joined (joins said
-    so): each tensor (or each element of a tuple) holds the rows of all, in their order. Both
+    """What W reads, from the `waiting` entries of one or more micro-batches: each tensor
+    (or each element of a tuple) holds the rows of all, in their order. Joined, one product
+    per layer replaces M products, M casts and M - 1 sums of the weights' size: on the GPT
+    at M=4 its Concats cost what those launches saved (benchmarks/log.md section 41). Both
     the loop and the step's graph (pipe.step_graph) call it: graph-compilable Python."""
+    if len(entries) == 1:
+        return entries[0]
     rows = ()
     for i in range(len(entries[0])):
         rows = rows + (_cat_rows(entries, i),)

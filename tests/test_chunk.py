@@ -17,7 +17,7 @@ from pipe.dropout import MaskDraw
 from pipe.handshake import probe
 from pipe.memory import Memory
 from pipe.schedules import EVERY
-from pipe.split_backward import joins
+from pipe.split_backward import rows_of
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -102,14 +102,13 @@ def test_per_layer_backward_equals_differentiating_the_slice(mode):
     assert_same_backward(dx, grads, layers, x, dy)
 
 
-@pytest.mark.parametrize("rows,joined", [(1, True), (4, False)])
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("recompute", [False, True])
-def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute, rows, joined):
-    """W* (pipe.schedules.with_deferred_wgrad): two micro-batches' I, then one W over both:
-    the weight gradients autograd gives for their rows stacked, and what waits for W is
-    only each weighted layer's input and output gradient (3 Dense: 6 tensors). With 1 row
-    each, their rows (82 elements) are fewer than the weights (155): one product per layer
-    over both; with 4 (328), one W per micro-batch, added (split_backward.joins)."""
+def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompute, rows):
+    """W* (pipe.schedules.with_deferred_wgrad): two micro-batches' I, then one W over both,
+    one product per layer over their rows joined (split_backward.rows_of): the weight
+    gradients autograd gives for their rows stacked. What waits for W is only each weighted
+    layer's input and output gradient (3 Dense: 6 tensors), `rows` rows each."""
     layers, x, dy = mlp(), tensor(2 * rows, 6), tensor(2 * rows, 3)
     stage = Chunk(layers, is_first=False)
     actions, dxs = handlers(stage, recompute=recompute), []
@@ -120,7 +119,7 @@ def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompu
         state, dx = backward(actions, state, mb, dy[rows * mb:rows * mb + rows], "I")
         dxs.append(dx)
     assert [len(state["waiting"][mb]) for mb in (0, 1)] == [6, 6]
-    assert joins((state["waiting"][0], state["waiting"][1]), actions.weight_elements[0]) == joined
+    assert [t.shape[0] for t in rows_of((state["waiting"][0], state["waiting"][1]))] == [2 * rows] * 6
     state = actions.weight_grad(state, EVERY, 0, 1)
     assert_same_backward(ops.cat(dxs), state["grads"][0], layers, x, dy)
 

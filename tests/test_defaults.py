@@ -13,7 +13,7 @@ from pipe.engine import PipelineEngine
 from test_transparency import SEED, assert_same_weights, spec
 
 DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one product per "
-            "layer over all of them where that is cheaper)")
+            "layer over all of them)")
 
 
 @pytest.mark.parametrize("config,buffers,composite,choice", [
@@ -24,8 +24,7 @@ DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one
     (dict(), True, False, (False, "W per micro-batch (batch norm: W over all rows would use "
                                   "their joint statistics)")),
     (dict(), False, True, (False, "W per micro-batch (a layer with weights is not an nn.Dense: "
-                                  "deferred, its W measured slower on the GPT, even as pieces of "
-                                  "one product)")),
+                                  "deferred, its W measured no faster on the GPT, at more memory)")),
 ])
 def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product(config, buffers,
                                                                                  composite, choice):

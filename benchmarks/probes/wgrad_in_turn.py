@@ -1,15 +1,15 @@
-"""The GPT's W three ways at M micro-batches, against MindSpore's steps, in turn in one process.
+"""The GPT's W at M micro-batches, per micro-batch or deferred, against MindSpore's steps, in turn.
 
     python benchmarks/probes/wgrad_in_turn.py --precision fp16 --micro-batches 4 [--no-one-graph]
 
-Whether a deferred W should join its micro-batches' rows into one product per layer
-(`pipe.split_backward.joins`) was decided once on a template that has since changed, and
-one process to the next moves an M=4 step by up to 20%. So this builds, in one process:
-pipe with W per micro-batch; pipe with W deferred as `joins` decides; pipe with W deferred
-and every layer's rows joined (`joins` replaced by "always" around that engine's calls,
-the graph compiled under it), and the same with the rows flattened before each Concat
-(`flat_rows`); MindSpore's whole-batch step and its M micro-batches
-accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds.
+One process to the next moves an M=4 step by up to 20%, so this builds, in one process:
+pipe with W per micro-batch; pipe with W deferred (every layer's rows joined, one product
+per layer: split_backward.rows_of); the same with the rows flattened before each Concat
+(`flat_rows`, put in place of `split_backward._cat_rows` around that engine's calls, the
+graph compiled under it); MindSpore's whole-batch step and its M micro-batches
+accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds. Until
+section 41 of benchmarks/log.md a deferred W joined only where a rule (`joins`) said so;
+that section's figures for the rule came from this probe at e59b1ec.
 """
 import os
 import statistics
@@ -23,15 +23,10 @@ from mindspore import nn, ops  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
-from pipe import actions, cli, split_backward  # noqa: E402
+from pipe import cli, split_backward  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
-
-
-def always(entries, weight_elements):
-    """`joins` as it was before ec6e59e: several micro-batches' rows always join."""
-    return len(entries) > 1
 
 
 def flat_rows(entries, i):
@@ -51,9 +46,9 @@ def flat_rows(entries, i):
     return ops.cat(flat).reshape((-1,) + column[0].shape[1:])
 
 
-def pipe_step(args, ids, targets, defer, join=None, cat_rows=None):
-    """One pipe engine's step; `join`: the `joins` it runs under (None: the rule);
-    `cat_rows`: the `split_backward._cat_rows` (None: its own)."""
+def pipe_step(args, ids, targets, defer, cat_rows=None):
+    """One pipe engine's step; `cat_rows`: the `split_backward._cat_rows` it runs under
+    (None: its own)."""
     config = PipelineConfig(stages=1, micro_batches=args.micro_batches, batch_size=args.batch_size,
                             device=args.device, precision=args.precision, defer_wgrad=defer,
                             one_graph=args.one_graph)
@@ -61,12 +56,12 @@ def pipe_step(args, ids, targets, defer, join=None, cat_rows=None):
                             lambda ps: nn.Adam(ps, 1e-4), config)
 
     def step():
-        rule, own = actions.joins, split_backward._cat_rows
-        actions.joins, split_backward._cat_rows = join or rule, cat_rows or own
+        own = split_backward._cat_rows
+        split_backward._cat_rows = cat_rows or own
         try:
             return engine.train_step(ids, targets)
         finally:
-            actions.joins, split_backward._cat_rows = rule, own
+            split_backward._cat_rows = own
     return step
 
 
@@ -89,9 +84,8 @@ def main(argv=None):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = {"pipe, W per micro-batch": pipe_step(args, ids, targets, False),
-             "pipe, W deferred (joins' rule)": pipe_step(args, ids, targets, True),
-             "pipe, W deferred, rows joined": pipe_step(args, ids, targets, True, always),
-             "pipe, W deferred, flat rows joined": pipe_step(args, ids, targets, True, always, flat_rows),
+             "pipe, W deferred, rows joined": pipe_step(args, ids, targets, True),
+             "pipe, W deferred, flat rows joined": pipe_step(args, ids, targets, True, flat_rows),
              "MindSpore, whole batch": own_step(args, ids, targets, 1),
              f"MindSpore, {args.micro_batches} accumulated": own_step(args, ids, targets, args.micro_batches)}
     times = {name: [] for name in steps}
