@@ -7,14 +7,17 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   over the rows of all M micro-batches, not as M thin products each added into the sum:
   the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
   cost is memory (every micro-batch keeps its layers' inputs and output gradients until
-  the flush) and, for anything but a Dense, no gain: W differentiates a layer's weights
-  again at its kept input, and even with the GPT example's blocks cut into pieces of one
-  product each (docs/models.md) and a norm's W taken in I, the copies that join the
-  GPT's rows cost what the launches they save did. Deferring measured 0.94-1.01x W per
-  micro-batch as one graph at M=4 on one H200 (in the loop 1.09x), at 1.45x the memory
-  (a whole block in one construct: 1.6x slower). So pipe defers unless the config says
-  memory is short (`recompute`), a layer holds buffers (batch norm: its gradient over
-  all rows would use their joint statistics) or a layer with weights is not an nn.Dense.
+  the flush). For anything but a Dense the gain is launches only: W differentiates a
+  layer's weights again at its kept input, and with the GPT example's blocks cut into
+  pieces of one product each (docs/models.md) and a norm's W taken in I, joining the
+  GPT's rows copies them at about the time the launches it saves took. On one H200 at
+  M=4, in turn with W per micro-batch, deferring measured 0.94x (twice) and 1.009x in
+  fp16 as one graph, where the step is bound by launching kernels; 1.001x in fp32 and
+  1.09x in the loop, at 1.45x the peak memory (a whole block in one construct: 1.6x
+  slower). So pipe defers unless the config says memory is short (`recompute`), a layer
+  holds buffers (batch norm: its gradient over all rows would use their joint
+  statistics), or a layer with weights is not an nn.Dense and the step is not an fp16
+  graph (fp16 always runs as one graph unless the config says otherwise).
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
@@ -51,9 +54,9 @@ def choose_defer(config, buffers, composite=False):
                       "every micro-batch's activations until the flush)"
     if buffers:
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
-    if composite:
+    if composite and not (config.precision == "fp16" and config.one_graph is not False):
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
-                       "its W measured no faster on the GPT, at more memory)")
+                       "its W measured faster on the GPT only in an fp16 graph)")
     return True, ("W deferred to the flush (every micro-batch's at the step's end, one product per "
                   "layer over all of them)")
 

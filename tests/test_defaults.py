@@ -14,6 +14,8 @@ from test_transparency import SEED, assert_same_weights, spec
 
 DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one product per "
             "layer over all of them)")
+COMPOSITE = ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, its W "
+             "measured faster on the GPT only in an fp16 graph)")
 
 
 @pytest.mark.parametrize("config,buffers,composite,choice", [
@@ -23,11 +25,12 @@ DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one
                                                  "activations until the flush)")),
     (dict(), True, False, (False, "W per micro-batch (batch norm: W over all rows would use "
                                   "their joint statistics)")),
-    (dict(), False, True, (False, "W per micro-batch (a layer with weights is not an nn.Dense: "
-                                  "deferred, its W measured no faster on the GPT, at more memory)")),
+    (dict(), False, True, (False, COMPOSITE)),
+    (dict(precision="fp16", one_graph=False), False, True, (False, COMPOSITE)),
+    (dict(precision="fp16"), False, True, (True, DEFERRED)),
 ])
-def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product(config, buffers,
-                                                                                 composite, choice):
+def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product_outside_fp16_graphs(
+        config, buffers, composite, choice):
     assert choose_defer(PipelineConfig(**config), buffers, composite) == choice
 
 
