@@ -104,8 +104,8 @@ def split_cells(chunk):
 def rows_of(entries):
     """What W reads, from the `waiting` entries of one or more micro-batches: each tensor
     (or each element of a tuple) holds the rows of all, in their order. Joined, one product
-    per layer replaces M products, M casts and M - 1 sums of the weights' size: on the GPT
-    at M=4 its Concats cost what those launches saved (benchmarks/log.md section 41). Both
+    per layer replaces M products, M casts and M - 1 sums of the weights' size; on the GPT
+    at M=4 its Concats took about as long as those launches (benchmarks/log.md section 41). Both
     the loop and the step's graph (pipe.step_graph) call it: graph-compilable Python."""
     if len(entries) == 1:
         return entries[0]
