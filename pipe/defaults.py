@@ -35,8 +35,8 @@ from mindspore import nn
 
 from pipe.core.wire import elements
 
-__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "choose_graph", "action_flops", "most_of",
-           "announce"]
+__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "is_fp16_graph", "choose_graph",
+           "action_flops", "most_of", "announce"]
 
 LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
 
@@ -54,7 +54,7 @@ def choose_defer(config, buffers, composite=False):
                       "every micro-batch's activations until the flush)"
     if buffers:
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
-    if composite and not (config.precision == "fp16" and config.one_graph is not False):
+    if composite and not is_fp16_graph(config):
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
                        "its W measured faster on the GPT only in an fp16 graph)")
     return True, ("W deferred to the flush (every micro-batch's at the step's end, one product per "
@@ -66,9 +66,15 @@ def is_composite(layer):
     return type(layer) is not nn.Dense and bool(layer.trainable_params())
 
 
+def is_fp16_graph(config):
+    """Whether the step runs as one graph in fp16: always, unless the config says otherwise
+    (choose_graph's first rule; choose_defer reads it before the graph is chosen)."""
+    return config.precision == "fp16" and config.one_graph is not False
+
+
 def choose_graph(config, flops):
     """(whether to run the step as one graph, why); `flops`: the most any action computes."""
-    if config.precision == "fp16":
+    if is_fp16_graph(config):
         return True, "one graph per step (fp16: the weights are cast once per step, not per action)"
     if flops < HOST_BOUND_FLOPS:
         return True, (f"one graph per step ({flops / 1e9:.2g} GFLOP per action: the host's cost "
