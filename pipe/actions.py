@@ -27,7 +27,6 @@ from pipe.core.chunk import arguments, variable, with_sums
 from pipe.core.schedule import message_key, message_tag
 from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
-from pipe.split_backward import rows_of
 
 __all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
 
@@ -217,19 +216,16 @@ class Actions(nn.Cell):
         return state
 
     def weight_grad(self, state, mb, c, first_sum):
-        """W: the weight gradients of micro-batch mb, or deferred to the flush (EVERY) of
-        all of them: one product per layer over their rows joined (rows_of)."""
-        entries = ()
+        """W: chunk c's weight gradients of micro-batch mb, or deferred to the flush (EVERY)
+        of all of them (one product per layer over their rows: pipe.split_backward), added
+        to its sums."""
+        waiting = ()
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
-            entries = entries + (take(state["waiting"], m * self.count + c),)
-        return self.weight_grad_of(state, c, rows_of(entries), first_sum)
-
-    def weight_grad_of(self, state, c, rows, first_sum):
-        """Chunk c's weight gradients over `rows` (what W reads), added to its sums."""
-        if rows:                                 # (none when no layer of the chunk has weights)
-            rows = (self.order(rows[0], state["done"]),) + rows[1:]
+            waiting = waiting + take(state["waiting"], m * self.count + c)
+        if waiting:                              # (none when no layer of the chunk has weights)
+            waiting = (self.order(waiting[0], state["done"]),) + waiting[1:]
         copies = self.kept_buffers[c].save()
-        grads = self.weight_grads[c](*variables(rows))
+        grads = self.weight_grads[c](*variables(waiting))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         self.kept_buffers[c].put_back(copies, state["done"])

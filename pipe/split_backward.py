@@ -3,8 +3,9 @@ the weight gradients nobody waits for (zero-bubble schedules, deferred W).
 
 I runs each layer's backward for dx only (the compiler drops dW) and stashes each weighted
 layer's output gradient; W computes dW = dY^T X from that stash and the layer's kept input,
-with no input gradient and no forward recomputed. A W deferred to the flush takes the rows
-of all micro-batches at once (rows_of): one product per layer.
+with no input gradient and no forward recomputed. A W deferred to the flush takes what all
+micro-batches left and joins their rows inside its compiled call (rows_of): one product
+per layer.
 
 A layer norm is the exception: its backward is one kernel that gives dx and its weights'
 gradients together, so a W of its own would run the norm's forward and backward again.
@@ -64,8 +65,9 @@ class InputGrad(nn.Cell):
 
 
 class WeightGrad(nn.Cell):
-    """W: (the inputs of the layers with weights but norms, the stashes of all layers with
-    weights) -> the weight gradients over those rows (a norm's: its rows added up)."""
+    """W: (for each of its micro-batches, one after the other: the inputs of the layers with
+    weights but norms, the stashes of all layers with weights) -> the weight gradients over
+    all their rows (a norm's: its rows added up)."""
 
     def __init__(self, layers, residual_of):
         super().__init__(auto_prefix=False)
@@ -80,7 +82,8 @@ class WeightGrad(nn.Cell):
         self.positions = gradient_positions(layers)
 
     @ms.jit
-    def construct(self, *tensors):   # the inputs W reads, then the stashes
+    def construct(self, *waiting):
+        tensors = rows_of(self.entries(waiting))   # the inputs W reads, then the stashes
         grads = ()
         for k in range(len(self.layers)):
             stash = tensors[len(self.inputs) + k]
@@ -92,6 +95,16 @@ class WeightGrad(nn.Cell):
                 layer = self.guarded[k] if has_bool(arguments(x)) else self.layers[k]
                 grads = grads + self.grad(layer, self.weights[k])(*arguments(x), stash)
         return per_weight(grads, self.positions)
+
+    def entries(self, waiting):
+        """The flat arguments as one entry per micro-batch (each as I left it); one empty
+        entry where no layer has weights."""
+        size, entries = len(self.inputs) + len(self.layers), ()
+        if size == 0:
+            return ((),)
+        for m in range(len(waiting) // size):
+            entries = entries + (waiting[m * size:(m + 1) * size],)
+        return entries
 
 
 def split_cells(chunk):
@@ -105,8 +118,10 @@ def rows_of(entries):
     """What W reads, from the `waiting` entries of one or more micro-batches: each tensor
     (or each element of a tuple) holds the rows of all, in their order. Joined, one product
     per layer replaces M products, M casts and M - 1 sums of the weights' size; on the GPT
-    at M=4 its Concats took about as long as those launches (benchmarks/log.md section 41). Both
-    the loop and the step's graph (pipe.step_graph) call it: graph-compilable Python."""
+    at M=4 its Concats took about as long as those launches (benchmarks/log.md section 41).
+    W calls it inside its compiled call, in the loop as in the step's graph: the compiler
+    drops each join that no product reads (a layer's argument its weights' gradients do not
+    depend on), and the loop dispatches no Concat one by one."""
     if len(entries) == 1:
         return entries[0]
     rows = ()

@@ -4,12 +4,10 @@
 
 One process to the next moves an M=4 step by up to 20%, so this builds, in one process:
 pipe with W per micro-batch; pipe with W deferred (every layer's rows joined, one product
-per layer: split_backward.rows_of); the same with the rows flattened before each Concat
-(`flat_rows`, put in place of `split_backward._cat_rows` around that engine's calls, the
-graph compiled under it); MindSpore's whole-batch step and its M micro-batches
-accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds. Until
-section 41 of benchmarks/log.md a deferred W joined only where a rule (`joins`) said so;
-that section's figures for the rule came from this probe at e59b1ec.
+per layer: split_backward.rows_of); MindSpore's whole-batch step and its M micro-batches
+accumulated. Each takes one step in turn, `--steps` times; medians in milliseconds. In
+section 41 of benchmarks/log.md (e59b1ec, 7bf66e7) it also ran the rule that joined only
+some layers' rows, and the rows flattened before each Concat: neither was faster.
 """
 import os
 import statistics
@@ -19,50 +17,24 @@ import time
 os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms  # noqa: E402
-from mindspore import nn, ops  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
-from pipe import cli, split_backward  # noqa: E402
+from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
 
-def flat_rows(entries, i):
-    """`split_backward._cat_rows` with each tensor flattened before its Concat (the same
-    bytes in the same order; the kernel may copy them faster: concat_cost.py)."""
-    column = ()
-    for entry in entries:
-        column = column + (entry[i],)
-    if isinstance(column[0], tuple):
-        joined = ()
-        for j in range(len(column[0])):
-            joined = joined + (flat_rows(column, j),)
-        return joined
-    flat = ()
-    for part in column:
-        flat = flat + (part.reshape(-1),)
-    return ops.cat(flat).reshape((-1,) + column[0].shape[1:])
-
-
-def pipe_step(args, ids, targets, defer, cat_rows=None):
-    """One pipe engine's step; `cat_rows`: the `split_backward._cat_rows` it runs under
-    (None: its own)."""
+def pipe_step(args, ids, targets, defer):
+    """One pipe engine's step."""
     config = PipelineConfig(stages=1, micro_batches=args.micro_batches, batch_size=args.batch_size,
                             device=args.device, precision=args.precision, defer_wgrad=defer,
                             one_graph=args.one_graph)
     engine = PipelineEngine(gpt_benchmark.layers(args), gpt_benchmark.gpt.TokenLoss(),
                             lambda ps: nn.Adam(ps, 1e-4), config)
-
-    def step():
-        own = split_backward._cat_rows
-        split_backward._cat_rows = cat_rows or own
-        try:
-            return engine.train_step(ids, targets)
-        finally:
-            split_backward._cat_rows = own
-    return step
+    return lambda: engine.train_step(ids, targets)
 
 
 def own_step(args, ids, targets, micro_batches):
@@ -85,7 +57,6 @@ def main(argv=None):
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = {"pipe, W per micro-batch": pipe_step(args, ids, targets, False),
              "pipe, W deferred, rows joined": pipe_step(args, ids, targets, True),
-             "pipe, W deferred, flat rows joined": pipe_step(args, ids, targets, True, flat_rows),
              "MindSpore, whole batch": own_step(args, ids, targets, 1),
              f"MindSpore, {args.micro_batches} accumulated": own_step(args, ids, targets, args.micro_batches)}
     times = {name: [] for name in steps}
