@@ -219,13 +219,13 @@ class Actions(nn.Cell):
         """W: chunk c's weight gradients of micro-batch mb, or deferred to the flush (EVERY)
         of all of them (one product per layer over their rows: pipe.split_backward), added
         to its sums."""
-        waiting = ()
+        entries = ()
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
-            waiting = waiting + take(state["waiting"], m * self.count + c)
-        if waiting:                              # (none when no layer of the chunk has weights)
-            waiting = (self.order(waiting[0], state["done"]),) + waiting[1:]
+            entries = entries + (take(state["waiting"], m * self.count + c),)
+        if entries[0]:                           # (empty when no layer of the chunk has weights)
+            entries = ((self.order(entries[0][0], state["done"]),) + entries[0][1:],) + entries[1:]
         copies = self.kept_buffers[c].save()
-        grads = self.weight_grads[c](*variables(waiting))
+        grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         self.kept_buffers[c].put_back(copies, state["done"])

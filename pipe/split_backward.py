@@ -65,9 +65,9 @@ class InputGrad(nn.Cell):
 
 
 class WeightGrad(nn.Cell):
-    """W: (for each of its micro-batches, one after the other: the inputs of the layers with
-    weights but norms, the stashes of all layers with weights) -> the weight gradients over
-    all their rows (a norm's: its rows added up)."""
+    """W: (for each of its micro-batches, what I left waiting: the inputs of the layers with
+    weights but norms, then the stashes of all layers with weights) -> the weight gradients
+    over all their rows (a norm's: its rows added up)."""
 
     def __init__(self, layers, residual_of):
         super().__init__(auto_prefix=False)
@@ -82,8 +82,8 @@ class WeightGrad(nn.Cell):
         self.positions = gradient_positions(layers)
 
     @ms.jit
-    def construct(self, *waiting):
-        tensors = rows_of(self.entries(waiting))   # the inputs W reads, then the stashes
+    def construct(self, *entries):
+        tensors = rows_of(entries)       # the inputs W reads, then the stashes
         grads = ()
         for k in range(len(self.layers)):
             stash = tensors[len(self.inputs) + k]
@@ -95,16 +95,6 @@ class WeightGrad(nn.Cell):
                 layer = self.guarded[k] if has_bool(arguments(x)) else self.layers[k]
                 grads = grads + self.grad(layer, self.weights[k])(*arguments(x), stash)
         return per_weight(grads, self.positions)
-
-    def entries(self, waiting):
-        """The flat arguments as one entry per micro-batch (each as I left it); one empty
-        entry where no layer has weights."""
-        size, entries = len(self.inputs) + len(self.layers), ()
-        if size == 0:
-            return ((),)
-        for m in range(len(waiting) // size):
-            entries = entries + (waiting[m * size:(m + 1) * size],)
-        return entries
 
 
 def split_cells(chunk):
