@@ -115,9 +115,9 @@ def values_and_grads(f, inputs, dy, weights=()):
 
 
 def test_the_templates_own_layers_compute_mindspores_math():
-    """The template's Linear, Softmax, Scores and Mix, written for the GPU's sake (their
-    docstrings say why), give nn.Dense's, ops.softmax's and ops.matmul's values and
-    gradients."""
+    """The template's Linear (its bias added by AddBias), Softmax, Scores and Mix, written
+    for the GPU's sake (their docstrings say why), give nn.Dense's, ops.softmax's and
+    ops.matmul's values and gradients."""
     rng = np.random.default_rng(SEED)
 
     def tensors(*shapes):

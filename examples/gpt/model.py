@@ -63,15 +63,31 @@ def product(h, weight):
     return out.reshape(h.shape[:-1] + (weight.shape[0],))
 
 
+MATMUL = ops.MatMul()
+
+
+class AddBias(nn.Cell):
+    """(out, bias) -> out + bias on every row. The bias is broadcast to the product's shape
+    before the add: MindSpore's GPU add with a broadcast operand took 55-72 us a call where
+    the memory's time is 2-5 us; one fp16 step of MindSpore's own on an H200 went from
+    78.6 to 70.6 ms (benchmarks/log.md section 36). Its gradient sums the rows as a product
+    with a row of ones: MindSpore's ReduceSum over the rows read them at about a tenth of
+    the memory's speed (48 sums over 8192 rows took 4.5 ms in an fp16 step, section 41)."""
+
+    def construct(self, out, bias):
+        return out + ops.broadcast_to(bias, out.shape)
+
+    def bprop(self, out, bias, result, dout):
+        rows = dout.reshape(-1, dout.shape[-1])
+        ones = ops.ones((1, rows.shape[0]), rows.dtype)
+        return dout, MATMUL(ones, rows).reshape(bias.shape)
+
+
 class Linear(nn.Cell):
-    """h -> h W^T + b, nn.Dense's product and its initial weights, with the bias added by a
-    plain broadcast add. Its gradient is then a ReduceSum over the rows, where nn.Dense's
-    BiasAdd takes a BiasAddGrad, which MindSpore runs on GPUs with cuDNN's reduction: 0.67
-    ms for each of the GPT's 48 Dense layers in an fp16 step on an H200, where ReduceSum's
-    own kernels took microseconds in the same trace (benchmarks/log.md section 32). The
-    bias is broadcast to the product's shape before the add: MindSpore's GPU add with a
-    broadcast operand took 55-72 us a call where the memory's time is 2-5 us; one fp16 step
-    of MindSpore's own on an H200 went from 78.6 to 70.6 ms (section 36)."""
+    """h -> h W^T + b, nn.Dense's product and its initial weights, with the bias added by
+    AddBias, not nn.Dense's BiasAdd, whose gradient (BiasAddGrad) MindSpore runs on GPUs
+    with cuDNN's reduction: 0.67 ms for each of the GPT's 48 Dense layers in an fp16 step
+    on an H200 (benchmarks/log.md section 32)."""
 
     def __init__(self, width_in, width_out):
         super().__init__()
@@ -79,10 +95,10 @@ class Linear(nn.Cell):
                                 name="weight")
         self.bias = Parameter(initializer(Uniform(1 / math.sqrt(width_in)), [width_out]),
                               name="bias")
+        self.add_bias = AddBias()
 
     def construct(self, h):
-        out = product(h, self.weight)
-        return out + ops.broadcast_to(self.bias.astype(h.dtype), out.shape)
+        return self.add_bias(product(h, self.weight), self.bias.astype(h.dtype))
 
 
 class Product(nn.Cell):
