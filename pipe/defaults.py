@@ -11,13 +11,15 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   layer's weights again at its kept input, and with the GPT example's blocks cut into
   pieces of one product each (docs/models.md) and a norm's W taken in I, joining the
   GPT's rows copies them at about the time the launches it saves took. On one H200 at
-  M=4, in turn with W per micro-batch, deferring measured 0.94x (twice) and 1.009x in
+  M=4, in turn with W per micro-batch, deferring measured 0.94x (twice), 0.987x and 1.009x in
   fp16 as one graph, where the step is bound by launching kernels; 1.001x in fp32 and
   1.09x in the loop, at 1.45x the peak memory (a whole block in one construct: 1.6x
-  slower). So pipe defers unless the config says memory is short (`recompute`), a layer
-  holds buffers (batch norm: its gradient over all rows would use their joint
-  statistics), or a layer with weights is not an nn.Dense and the step is not an fp16
-  graph (fp16 always runs as one graph unless the config says otherwise).
+  slower). Across two H200s (1F1B, fp16 as one graph, M=4) it measured 1.12-1.18x W per
+  micro-batch: each stage's W, all at the step's end, where per micro-batch it ran in
+  1F1B's order. So pipe defers unless the config says memory is short (`recompute`), a
+  layer holds buffers (batch norm: its gradient over all rows would use their joint
+  statistics), or a layer with weights is not an nn.Dense and the step is not one stage's
+  fp16 graph (fp16 always runs as one graph unless the config says otherwise).
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
   small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
   per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
@@ -54,9 +56,9 @@ def choose_defer(config, buffers, composite=False):
                       "every micro-batch's activations until the flush)"
     if buffers:
         return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
-    if composite and not is_fp16_graph(config):
+    if composite and not (is_fp16_graph(config) and config.stages == 1):
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
-                       "its W measured faster on the GPT only in an fp16 graph)")
+                       "its W measured faster on the GPT only on one stage in an fp16 graph)")
     return True, ("W deferred to the flush (every micro-batch's at the step's end, one product per "
                   "layer over all of them)")
 

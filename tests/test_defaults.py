@@ -15,7 +15,7 @@ from test_transparency import SEED, assert_same_weights, spec
 DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one product per "
             "layer over all of them)")
 COMPOSITE = ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, its W "
-             "measured faster on the GPT only in an fp16 graph)")
+             "measured faster on the GPT only on one stage in an fp16 graph)")
 
 
 @pytest.mark.parametrize("config,buffers,composite,choice", [
@@ -28,8 +28,9 @@ COMPOSITE = ("W per micro-batch (a layer with weights is not an nn.Dense: deferr
     (dict(), False, True, (False, COMPOSITE)),
     (dict(precision="fp16", one_graph=False), False, True, (False, COMPOSITE)),
     (dict(precision="fp16"), False, True, (True, DEFERRED)),
+    (dict(precision="fp16", stages=2), False, True, (False, COMPOSITE)),
 ])
-def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product_outside_fp16_graphs(
+def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product_outside_one_stages_fp16_graph(
         config, buffers, composite, choice):
     assert choose_defer(PipelineConfig(**config), buffers, composite) == choice
 
