@@ -222,8 +222,10 @@ class Actions(nn.Cell):
         entries = ()
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
             entries = entries + (take(state["waiting"], m * self.count + c),)
-        if entries[0]:                           # (empty when no layer of the chunk has weights)
-            entries = ((self.order(entries[0][0], state["done"]),) + entries[0][1:],) + entries[1:]
+        first = entries[0]
+        if first:                                # (empty when no layer of the chunk has weights)
+            first = (self.order(first[0], state["done"]),) + first[1:]
+        entries = (first,) + entries[1:]
         copies = self.kept_buffers[c].save()
         grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
