@@ -25,13 +25,24 @@ from launch import start_many  # noqa: E402
 LAUNCH = {}   # "job": the shared launch, "root": where it saves, "runs": {module: its configurations' places}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run the tests marked slow (minutes each: not in CI's suite)")
+
+
 def needs_launch(item):
     return "trained" in item.fixturenames
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Beside the launch first, then what reads it, then what runs alone (stable: file order,
-    the order in which the launch trains each module's runs)."""
+    the order in which the launch trains each module's runs). Those marked slow only with
+    --slow."""
+    if not config.getoption("--slow"):
+        skip = pytest.mark.skip(reason="slow: minutes of compiling; run with --slow")
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(skip)
     items.sort(key=lambda item: 2 if item.get_closest_marker("alone") else int(needs_launch(item)))
 
 

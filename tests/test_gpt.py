@@ -162,3 +162,25 @@ def test_the_benchmarks_accumulating_mindspore_step_trains_like_its_whole_batch_
     np.testing.assert_allclose(losses, whole_losses, rtol=1e-6)
     for a, b in zip(weights, whole):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_the_benchmarks_depth_compiles_as_one_graph_at_four_micro_batches_with_w_deferred():
+    """The benchmark's 12 blocks (narrow here) at M=4 as one graph, W deferred: the step's
+    trace stays within MindSpore's call depth and trains like one process. The suite's GPTs
+    (one or two blocks) are too shallow to find it: a deferred W that took every micro-batch's
+    entries as one flat argument list compiled there, and failed at this depth ("Exceed
+    function call depth limit 1000", the GPU's fp16 default, benchmarks/log.md section 42).
+    About a minute and a half of compiling on CPU: `pytest --slow`."""
+    from gpt_run import BATCH, batches, optimizer
+    from pipe.config import PipelineConfig
+    from pipe.engine import PipelineEngine
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    size = dict(layers=12, width=16, heads=2, context=16)
+    config = PipelineConfig(micro_batches=4, batch_size=BATCH, one_graph=True, defer_wgrad=True, seed=3)
+    engine = PipelineEngine(gpt.gpt_layers(**size), gpt.TokenLoss(), optimizer, config)
+    losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
+    weights, plain_losses = plain_run(3, ONE_LENGTH, size)
+    got = {n: p.asnumpy() for n, p in engine.parameters_dict().items()}
+    assert max(float(abs(got[n] - weights[n]).max()) for n in weights) < 2e-5
+    assert losses == pytest.approx(plain_losses, rel=1e-5)
