@@ -87,12 +87,11 @@ class PipelineEngine(Engine):
         self.step += 1
         if batch.shapes not in self.links:            # new shapes: the stages agree on them
             self.agree_shapes(batch)
-        counter = self.token_counts[batch.shapes]     # a (sum, count) loss: counted in the step
-        scale = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
+        scale = self.loss_grad_scale(self.token_counts[batch.shapes])   # (fp16: x S)
         masks = self.dropout_masks(batch, self.links[batch.shapes])    # this step's, per unit
         for chunk in self.chunks:                     # (predict puts them in eval mode)
             chunk.set_mode(True)
-        losses, grads, overflowed, count = self.run_actions(batch, masks, self.scale_tensor(scale))
+        losses, grads, overflowed, count = self.run_actions(batch, masks, scale)
         weight = self.loss_weight(count)              # what each micro-batch's loss counts
         if not self.update_in_graph:
             self.update_weights(grads)
@@ -143,7 +142,7 @@ class PipelineEngine(Engine):
             return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow, count = graph(*self.graph_inputs(graph, batch, masks, scale))
+            losses, summed, sent, overflow, count = graph.call(*self.graph_inputs(graph, batch, masks, scale))
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
@@ -158,19 +157,30 @@ class PipelineEngine(Engine):
         return state
 
     def graph_inputs(self, graph, batch, masks, scale):
-        """What a call of the step's `graph` takes (pipe.step_graph.StepGraph): the replica's
-        rows and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
+        """Every input of the step's `graph` (pipe.step_graph.INPUTS): the replica's rows
+        and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
         return (*replica_rows(batch), masks, scale, self.inverse_scale(graph), self.counted_labels(batch))
 
     def counted_labels(self, batch):
         """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
         return as_tensor(batch.source[1]) if self.token_counts[batch.shapes] else ()
 
-    def scale_tensor(self, value):
-        """The loss gradient's scale as a tensor, made anew only when it changes."""
+    def loss_grad_scale(self, counter):
+        """What each micro-batch's loss gradient is multiplied by, as a tensor (made anew only
+        when it changes): a scalar loss's weight, `mean_weight` (a (sum, count) loss's
+        `counter` divides by the count instead, on the device), x S in fp16. (A step graph
+        holds it where it never changes: `fixed_scale`.)"""
+        value = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
         if self.scale is None or self.scale[0] != value:
             self.scale = value, ms.Tensor(value, ms.float32)
         return self.scale[1]
+
+    def fixed_scale(self, counter):
+        """The loss gradient's scale where it is the same every step (fp32, a scalar loss),
+        else None: the step's graph holds it as a number, which the compiled code folds in
+        (at 1, no multiply, as in one process's step). The loop's pieces take it as a
+        tensor, as the shape check before the first step compiled them."""
+        return None if self.scaler or counter else self.mean_weight
 
     def inverse_scale(self, graph):
         """1 / S, for a step graph that unscales (fp16 on one rank); for any other, nothing."""
@@ -270,12 +280,15 @@ class PipelineEngine(Engine):
         that rank). Alone, its first call compiles it; nothing can wait on it."""
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
+        masks = self.dropout_masks(batch, p2p, drawn=False)
+        constants = {name: value for name, value in (("scale", self.fixed_scale(counter)),
+                                                     ("masks", None if any(masks) else masks))
+                     if value is not None}           # (the same every step: the graph holds them)
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
-                          self.scaler.unscale_cell if stepping and self.scaler else None, counter)
+                          self.scaler.unscale_cell if stepping and self.scaler else None, counter, constants)
         if self.wire.size > 1:
             agreed(self.wire, lambda: graph.prepare(*self.graph_inputs(
-                graph, batch, self.dropout_masks(batch, p2p, drawn=False), self.scale_tensor(1.0))),
-                "compiling the step as one graph")
+                graph, batch, masks, self.loss_grad_scale(counter))), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):

@@ -20,7 +20,7 @@ from mindspore.graph.api import _JitExecutor   # (StepGraph.prepare says why)
 from pipe.core.engine import as_tensor
 from pipe.normalized_loss import loss_sum
 
-__all__ = ["StepGraph", "updates_in_graph", "replica_rows"]
+__all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
 
 
 def replica_rows(batch):
@@ -40,6 +40,10 @@ def updates_in_graph(layout):
             and not config.clip_grad_norm and (config.precision == "fp32" or alone))
 
 
+INPUTS = ("rows", "labels_of_rows", "masks", "scale", "inverse", "labels")
+OUTPUTS = ("loss", "grads", "sent", "overflow", "count")
+
+
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     micro-batch first, the loss gradient's scale, 1 / S, the global batch's labels) ->
@@ -52,11 +56,14 @@ class StepGraph(nn.Cell):
     gradients are divided by S first and the step is taken only if none overflowed, as
     MindSpore's TrainOneStepWithLossScaleCell does.
 
-    What a call has no use for is `()`, in and out: 1 / S unless it unscales, the token
-    unless the rank has messages, the overflow flag unless it unscales, the global labels
-    and the count unless the loss is counted. Each tensor in or out costs the host time
-    per call (~20 us on CPU: benchmarks/probes/call_cost.py), as much as a small model's
-    operators.
+    A call takes and gives only what this graph uses (`takes`, `gives`; `call` maps them to
+    every input and output by name): 1 / S only if it unscales, the labels and the count
+    only if the loss is counted, the token only if the rank has messages, the gradients
+    only if the optimizer steps outside; and an input that is the same every step,
+    `constants` (the loss gradient's scale in fp32 with a scalar loss, the masks of a
+    model without dropout), is held by the graph, the scale as a number the compiled code
+    folds in. Each tensor or `()` in or out of a compiled call costs the host 10-20 us a call
+    (benchmarks/probes/call_cost.py), as much as a small model's operators.
 
     In fp32 the update is a statement whose value nothing reads, as in MindSpore's own step:
     MindSpore then runs each weight's update as soon as its gradient is final, which frees
@@ -73,16 +80,41 @@ class StepGraph(nn.Cell):
     rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
     refused on all before any of them waits on a message."""
 
-    def __init__(self, actions, update=None, unscale=None, counter=None):
+    def __init__(self, actions, update=None, unscale=None, counter=None, constants=None):
         """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
-        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount."""
+        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount; `constants`:
+        {input name: its value every step}."""
         super().__init__(auto_prefix=False)
         self.actions, self.update, self.unscale, self.counter = actions, update, unscale, counter
         self.micro_batches = actions.micro_batches
         self.sends = len(actions.messages) > 0
+        held = dict(constants or {})       # inputs the same every step, and those of no use
+        if unscale is None:
+            held["inverse"] = ()
+        if counter is None:
+            held["labels"] = ()
+        self.takes = tuple(name for name in INPUTS if name not in held)
+        # each input's place among a call's arguments, or -1 and the value the graph holds
+        self.sources = tuple((self.takes.index(name), ()) if name in self.takes else (-1, held[name])
+                             for name in INPUTS)
+        gives = {"grads": update is None, "sent": self.sends, "overflow": unscale is not None,
+                 "count": counter is not None}
+        self.given = tuple(gives.get(name, True) for name in OUTPUTS)      # (the loss always)
+        self.gives = tuple(name for name, given in zip(OUTPUTS, self.given) if given)
+
+    def call(self, *inputs):
+        """A call of the step, given every input (INPUTS' order); every output (OUTPUTS'
+        order), `()` for one this graph does not give."""
+        outputs = iter(self(*self.taken(inputs)))
+        return tuple(next(outputs) if name in self.gives else () for name in OUTPUTS)
+
+    def taken(self, inputs):
+        """Of every input (INPUTS' order), those a call takes."""
+        return tuple(value for name, value in zip(INPUTS, inputs) if name in self.takes)
 
     @ms.jit
-    def construct(self, rows, labels_of_rows, masks, scale, inverse, labels):
+    def construct(self, *arguments):
+        rows, labels_of_rows, masks, scale, inverse, labels = self.completed(arguments)
         count = ()
         if self.counter is not None:   # the global batch's count divides the scale first
             scale, count = self.counter(labels, scale)
@@ -105,16 +137,32 @@ class StepGraph(nn.Cell):
                 overflow = ops.depend(overflow, losses)   # the loss before the host reads the flag
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     overflow = ops.depend(overflow, self.update(flat))
-        return losses, summed, sent, overflow, count
+        return self.given_only((losses, summed, sent, overflow, count))
+
+    def completed(self, arguments):
+        """Every input (INPUTS' order): a call's argument, else what the graph holds (a loop
+        the compiler unrolls: positions and constants are fixed)."""
+        inputs = ()
+        for position, held in self.sources:
+            inputs = inputs + ((held,) if position < 0 else (arguments[position],))
+        return inputs
+
+    def given_only(self, outputs):
+        """Of every output (OUTPUTS' order), those a call gives."""
+        given = ()
+        for value, gives in zip(outputs, self.given):
+            if gives:
+                given = given + (value,)
+        return given
 
     def prepare(self, *inputs):
-        """Compile the step for these inputs without running it; its first call with inputs
-        of the same shapes then runs what this compiled. (MindSpore has no public call for
-        this: `Cell.compile` builds another graph, GRAPH_MODE's, which a `jit` call does not
-        use, so every first step compiled twice. This is what a `jit` call does before it
-        runs: its executor's `compile`.)"""
+        """Compile the step for these inputs (every input, as `call` takes them) without
+        running it; its first call with inputs of the same shapes then runs what this
+        compiled. (MindSpore has no public call for this: `Cell.compile` builds another
+        graph, GRAPH_MODE's, which a `jit` call does not use, so every first step compiled
+        twice. This is what a `jit` call does before it runs: its executor's `compile`.)"""
         construct = type(self).construct.__wrapped__
-        _JitExecutor(construct, 0, obj=self).compile(construct.__name__, *inputs)
+        _JitExecutor(construct, 0, obj=self).compile(construct.__name__, *self.taken(inputs))
 
     def cut(self, rows):
         """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""

@@ -275,40 +275,60 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
-    graph = StepGraph(built.actions, built.update)       # a new graph: not compiled yet
-    scale = engine.scale_tensor(1.0)
+    graph = StepGraph(built.actions, built.update, constants={"scale": 0.5})   # not compiled yet
+    scale = engine.loss_grad_scale(None)                                        # (not taken)
     with saved_graphs(tmp_path, level=1) as files:
         graph.prepare(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
         prepared = len(files())
-        graph(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p), scale))
+        graph.call(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p), scale))
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 
-@pytest.mark.parametrize("precision,counted", [("fp32", False), ("fp16", False), ("fp32", True)])
-def test_a_call_takes_and_gives_only_what_is_used(precision, counted):
-    """Each tensor in or out of the step's graph costs the host time per call. Alone, the
-    graph steps inside and hands back the loss alone: no gradients, no message token (it
-    has no message), no overflow flag or 1 / S unless it unscales (fp16), and no labels
-    in or count out unless the loss is (sum, count)."""
+@pytest.mark.parametrize("precision,counted,dropout", [
+    ("fp32", False, False), ("fp16", False, False), ("fp32", True, False), ("fp32", False, True)])
+def test_a_call_takes_and_gives_only_what_is_used(precision, counted, dropout):
+    """Each tensor or () in or out of the step's graph costs the host time per call. Alone,
+    the graph steps inside and hands back the loss alone: no gradients, no message token (it
+    has no message), no overflow flag or 1 / S unless it unscales (fp16), no labels in or
+    count out unless the loss is (sum, count). What is the same every step it holds: the
+    scale in fp32 with a scalar loss (a number: at M=1 no multiply), the masks of a model
+    without dropout."""
     import mindspore as ms
     from mlp_run import TokenLoss
     from pipe.core.engine import split
-    from pipe.step_graph import replica_rows
-    engine, x, y = small_engine([nn.Dense(6, 3)], TokenLoss() if counted else None,
+    engine, x, y = small_engine([nn.Dense(6, 6), nn.Dropout(p=0.5), nn.Dense(6, 3)] if dropout else
+                                [nn.Dense(6, 3)], TokenLoss() if counted else None,
                                 one_graph=True, precision=precision)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     graph = engine.graphs[batch.shapes]
-    inverse = engine.inverse_scale(graph)
-    labels = ms.Tensor(y) if counted else ()
-    loss, summed, sent, overflow, count = graph(*replica_rows(batch), engine.dropout_masks(
-        batch, engine.links[batch.shapes]), engine.scale_tensor(1.0), inverse, labels)
+    takes = {("fp32", False, False): ("rows", "labels_of_rows"),
+             ("fp16", False, False): ("rows", "labels_of_rows", "scale", "inverse"),
+             ("fp32", True, False): ("rows", "labels_of_rows", "scale", "labels"),
+             ("fp32", False, True): ("rows", "labels_of_rows", "masks")}[precision, counted, dropout]
+    gives = ("loss",) + (("overflow",) if precision == "fp16" else ()) + (("count",) if counted else ())
+    assert (graph.takes, graph.gives) == (takes, gives)
+    assert engine.fixed_scale(engine.token_counts[batch.shapes]) == (None if precision == "fp16" or counted else 1.0)
+    loss, summed, sent, overflow, count = graph.call(*engine.graph_inputs(graph, batch, engine.dropout_masks(
+        batch, engine.links[batch.shapes]), engine.loss_grad_scale(engine.token_counts[batch.shapes])))
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
-    if precision == "fp32":
-        assert inverse == () and overflow == ()
-    else:
-        assert isinstance(inverse, ms.Tensor) and overflow.asnumpy().tolist() == [0.0]
+    assert overflow.asnumpy().tolist() == [0.0] if precision == "fp16" else overflow == ()
     assert count.asnumpy().tolist() == 8.0 if counted else count == ()
+
+
+@pytest.mark.parametrize("micro_batches,multiplies", [(1, 0), (2, 2)])
+def test_a_fixed_scale_is_a_constant_of_the_graph(micro_batches, multiplies, tmp_path):
+    """fp32 with a scalar loss: the loss gradient's scale, 1 / M, is a number the step's
+    graph holds; at M=1 it multiplies nothing (as one process's step), at M=2 once per
+    micro-batch."""
+    import re
+    with saved_graphs(tmp_path, level=2) as files:
+        engine, x, y = small_engine([nn.Dense(6, 3)], micro_batches=micro_batches, one_graph=True,
+                                    defer_wgrad=False)
+        engine.train_step(x, y)
+    names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
+                 for path in files("graph_build_*.ir")), key=len)        # the step's graph
+    assert names.count("Mul") == multiplies, names
 
 
 def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):

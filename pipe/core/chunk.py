@@ -79,7 +79,8 @@ class KeepInput(nn.Cell):
 
 class Forward(nn.Cell):
     """(x, labels, scale, extras) -> (output, residuals); on the model's last chunk the output
-    is (loss, d loss / d logits x scale): the backward starts there, the logits not kept."""
+    is (loss, d loss / d logits x scale): the backward starts there, the logits not kept. A
+    scale that is a number is a constant of the compiled forward: at 1, no multiply."""
 
     def __init__(self, wrapped, loss_fn=None):
         super().__init__(auto_prefix=False)
@@ -97,7 +98,7 @@ class Forward(nn.Cell):
         if self.loss_fn is None:
             return x, residuals
         loss, dlogits = self.loss_and_grad(x, labels)
-        return (loss, dlogits * scale), residuals
+        return (loss, dlogits if isinstance(scale, float) and scale == 1.0 else dlogits * scale), residuals
 
 
 class LayerGrad(nn.Cell):
@@ -192,10 +193,9 @@ class Chunk:
 
     def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
         self.layers = leaves(layers)
-        self.params = list({id(p): p for layer in self.layers
-                            for p in layer.trainable_params()}.values())
+        self.params = list({id(p): p for layer in self.layers for p in layer.trainable_params()}.values())
         self.is_first, self.is_last, self.loss_fn = is_first, loss_fn is not None, loss_fn
-        self.grad_scale = ms.Tensor(grad_scale, ms.float32)
+        self.grad_scale = grad_scale    # (a number: a constant of the compiled forward)
         self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
         wrapped = [KeepInput(layer) for layer in self.layers]
         grads = [LayerGrad(layer, not is_first or i > 0) for i, layer in enumerate(self.layers)]
