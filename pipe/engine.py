@@ -215,7 +215,9 @@ class PipelineEngine(Engine):
             if self.layout.buffers and len(replicas) > 1:
                 average_buffers(self.wire, self.layout.buffers, replicas)
             world = tuple(range(self.wire.size))
-            loss = float(self.wire.all_reduce(losses, world).asnumpy()[0]) * weight
+            if len(world) > 1:           # (a wire sums vectors)
+                losses = self.wire.all_reduce(losses.reshape(1), world)
+            loss = losses.asnumpy().item() * weight
         self.watch.end(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
             raise FloatingPointError(f"the step's loss is {loss}: training diverged; lower the "

@@ -63,11 +63,11 @@ class TokenCount(nn.Cell):
 
 
 def loss_sum(losses):
-    """A rank's micro-batch losses summed, shape (1,) (zero off the last stage): what the
-    step's loss all-reduces, in the loop and in the step's graph."""
+    """A rank's micro-batch losses summed, a scalar (zero off the last stage), in the loop
+    and in the step's graph: at M=1 the loss itself, as one process's step gives it."""
     if not losses:
-        return ops.zeros(1, ms.float32)
-    return (losses[0] if len(losses) == 1 else ops.stack(losses).sum()).reshape(1)
+        return ops.zeros((), ms.float32)
+    return losses[0] if len(losses) == 1 else ops.stack(losses).sum()
 
 
 def is_counted(loss_fn, logits_spec, labels):
