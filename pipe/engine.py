@@ -283,9 +283,11 @@ class PipelineEngine(Engine):
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
         masks = self.dropout_masks(batch, p2p, drawn=False)
-        constants = {name: value for name, value in (("scale", self.fixed_scale(counter)),
-                                                     ("masks", None if any(masks) else masks))
-                     if value is not None}           # (the same every step: the graph holds them)
+        constants = {}                   # what is the same every step: the graph holds it
+        if self.fixed_scale(counter) is not None:
+            constants["scale"] = self.fixed_scale(counter)
+        if not any(masks):               # (no dropout: nothing drawn)
+            constants["masks"] = masks
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
                           self.scaler.unscale_cell if stepping and self.scaler else None, counter, constants)
         if self.wire.size > 1:
