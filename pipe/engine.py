@@ -283,9 +283,9 @@ class PipelineEngine(Engine):
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
         masks = self.dropout_masks(batch, p2p, drawn=False)
-        constants = {}                   # what is the same every step: the graph holds it
-        if self.fixed_scale(counter) is not None:
-            constants["scale"] = self.fixed_scale(counter)
+        constants, scale = {}, self.fixed_scale(counter)   # what is the same every step: held
+        if scale is not None:
+            constants["scale"] = scale
         if not any(masks):               # (no dropout: nothing drawn)
             constants["masks"] = masks
         graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,

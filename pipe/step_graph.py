@@ -100,13 +100,17 @@ class StepGraph(nn.Cell):
         gives = {"grads": update is None, "sent": self.sends, "overflow": unscale is not None,
                  "count": counter is not None}
         self.given = tuple(gives.get(name, True) for name in OUTPUTS)      # (the loss always)
-        self.gives = tuple(name for name, given in zip(OUTPUTS, self.given) if given)
+
+    @property
+    def gives(self):
+        """The names of what a call gives, in OUTPUTS' order."""
+        return tuple(name for name, given in zip(OUTPUTS, self.given) if given)
 
     def call(self, *inputs):
         """A call of the step, given every input (INPUTS' order); every output (OUTPUTS'
         order), `()` for one this graph does not give."""
         outputs = iter(self(*self.taken(inputs)))
-        return tuple(next(outputs) if name in self.gives else () for name in OUTPUTS)
+        return tuple(next(outputs) if given else () for given in self.given)
 
     def taken(self, inputs):
         """Of every input (INPUTS' order), those a call takes."""
