@@ -3,7 +3,7 @@
     python benchmarks/probes/profile_step.py GPU --micro-batches 4 --one-graph
 
 The small MLP (8 x 1024) on one device, after 5 warm-up steps; prints the median step and
-the functions that took the most time over 50 steps. `Tensor.asnumpy` is the host waiting
+the functions that took the most time over 50 steps (`--steps`, `--rows`). `Tensor.asnumpy` is the host waiting
 for the device (benchmarks/log.md, section 13).
 """
 import cProfile
@@ -32,6 +32,8 @@ def main(argv=None):
     p.add_argument("device", choices=["CPU", "GPU", "Ascend"])
     p.add_argument("--micro-batches", type=positive_int, default=1)
     p.add_argument("--one-graph", action="store_true")
+    p.add_argument("--steps", type=positive_int, default=50, help="steps profiled")
+    p.add_argument("--rows", type=positive_int, default=12, help="functions printed")
     args = p.parse_args(argv)
     use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -49,8 +51,8 @@ def main(argv=None):
         times.append(time.perf_counter() - start)
     print(f"median step {statistics.median(times[5:]) * 1e3:.2f} ms")
     profile = cProfile.Profile()
-    profile.runcall(lambda: [engine.train_step(x, y) for _ in range(50)])
-    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    profile.runcall(lambda: [engine.train_step(x, y) for _ in range(args.steps)])
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.rows)
 
 
 if __name__ == "__main__":
