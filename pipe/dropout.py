@@ -88,6 +88,7 @@ class Masks:
 
     def __init__(self, layers, named):
         self.layers, self.named = layers, named
+        self.dropouts = [(k, layer) for k, layer in enumerate(layers) if is_dropout(layer)]
         self.shapes = {}                 # input spec -> each layer's input shape (None: no dropout)
 
     def learn(self, x):
@@ -96,7 +97,7 @@ class Masks:
         keep every unit."""
         spec = spec_of(x)
         if spec not in self.shapes:
-            self.shapes[spec] = self._input_shapes(x) if any(map(is_dropout, self.layers)) else None
+            self.shapes[spec] = self._input_shapes(x) if self.dropouts else None
         return self.of(spec)
 
     def of(self, spec, draw=None):
@@ -106,7 +107,7 @@ class Masks:
         shapes = self.shapes.get(spec)
         masks = tuple(ops.ones(shapes[k], ms.float32) if draw is None else
                       draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)
-                      for k, layer in enumerate(self.layers) if is_dropout(layer))
+                      for k, layer in self.dropouts)
         return ms.mutable(masks) if masks else masks
 
     def _input_shapes(self, x):

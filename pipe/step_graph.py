@@ -14,6 +14,7 @@ host as for the loop (pipe.dropout) and go in with the batch; batch norm's buffe
 back after each backward piece inside the graph, as in the loop (pipe.batchnorm).
 """
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 from mindspore.graph.api import _JitExecutor   # (StepGraph.prepare says why)
 
@@ -26,8 +27,8 @@ __all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
 def replica_rows(batch):
     """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
     micro-batch on the host)."""
-    mine = slice(batch.cut[0].start, batch.cut[-1].stop)
-    return tuple(as_tensor(a if mine == slice(0, len(a)) else a[mine]) for a in batch.source)
+    mine = slice(batch.cut[0].start, batch.cut[-1].stop)     # (np.shape: a Tensor's len is an operator)
+    return tuple(as_tensor(a if mine == slice(0, np.shape(a)[0]) else a[mine]) for a in batch.source)
 
 
 def updates_in_graph(layout):

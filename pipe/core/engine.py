@@ -48,9 +48,9 @@ def as_tensor(array):
 
 def split(config, inputs, labels, replica):
     """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
-    M, D = config.micro_batches, config.data_parallel
-    if len(inputs) != config.batch_size or len(labels) != len(inputs):
-        raise ValueError(f"train_step got {len(inputs)} inputs and {len(labels)} labels; "
+    M, D, n = config.micro_batches, config.data_parallel, len(inputs)
+    if n != config.batch_size or len(labels) != n:
+        raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "
                          f"batch_size={config.batch_size} is configured")
     size = config.batch_size // (D * M)
     return MicroBatches((inputs, labels), [slice((replica * M + m) * size, (replica * M + m + 1) * size)
