@@ -144,6 +144,7 @@ def test_the_templates_own_layers_compute_mindspores_math():
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_benchmarks_accumulating_mindspore_step_trains_like_its_whole_batch_step():
     """gpt_benchmark.py's anchor for pipe at M > 1 (`--impl mindspore --micro-batches M`):
     MindSpore's own step accumulating the micro-batches' gradients takes the whole batch's
