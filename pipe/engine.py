@@ -227,6 +227,8 @@ class PipelineEngine(Engine):
     def dropout_masks(self, batch, p2p, drawn=True):
         """Each micro-batch's dropout masks for each chunk, micro-batch first (pipe.dropout;
         `drawn` off: keeping every unit, for their shapes)."""
+        if not any(chunk.masks.dropouts for chunk in self.chunks):    # no dropout: none to draw
+            return ((),) * (len(batch.cut) * len(self.chunks))
         step = draws(self.config, batch, self.step) if drawn else [None] * len(batch.cut)
         held = self.layout.virtual_stages_held
         masks = tuple(chunk.masks.of(p2p.specs[vs], step[m])
