@@ -49,7 +49,7 @@ def pipe_step(device, x, y):
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
     args = graph.taken(engine.graph_inputs(graph, batch, masks, engine.loss_grad_scale(None)))
-    return (lambda: engine.train_step(x, y)), (lambda: graph(*args)[0].asnumpy())
+    return (lambda: engine.train_step(x, y)), (lambda: graph(*args)[0].asnumpy()), engine
 
 
 def window(step, steps):
@@ -68,7 +68,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32))
     y = ms.Tensor(rng.integers(0, 10, BATCH).astype(np.int32))
-    pipe, graph = pipe_step(args.device, x, y)
+    pipe, graph, _ = pipe_step(args.device, x, y)
     steps = {"mindspore": mindspore_step(x, y),
              "pipe": pipe, "graph": graph}
     for step in steps.values():          # compile, warm up

@@ -1,0 +1,77 @@
+"""The small MLP's step, MindSpore's own against pipe's, step by step in turn (the order
+rotating each round), with what pipe's `train_step` adds taken apart: its graph called
+alone (the same inputs each call), the graph called as `run_actions` calls it (every
+input built, `StepGraph.call`), and `train_step` with Python's garbage collector off.
+
+    python benchmarks/probes/small_turns.py [--device GPU] [--steps 400]
+
+Prints each one's median milliseconds and its ratio to MindSpore's step."""
+import gc
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+import ab_small  # noqa: E402
+from pipe import cli  # noqa: E402
+from pipe.cli import Parser, positive_int, use_device  # noqa: E402
+from pipe.core.engine import split  # noqa: E402
+
+
+def collector_off(step):
+    def run():
+        gc.disable()
+        try:
+            return step()
+        finally:
+            gc.enable()
+    return run
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
+    p.add_argument("--steps", type=positive_int, default=400)
+    args = p.parse_args(argv)
+    use_device(args.device)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((ab_small.BATCH, ab_small.INPUTS)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 10, ab_small.BATCH).astype(np.int32))
+    pipe, graph, engine = ab_small.pipe_step(args.device, x, y)
+    batch = split(engine.config, x, y, 0)
+    called = engine.graphs[batch.shapes]
+
+    def as_run_actions_calls_it():
+        masks = engine.dropout_masks(batch, engine.links[batch.shapes])
+        inputs = engine.graph_inputs(called, batch, masks, engine.loss_grad_scale(None))
+        return called.call(*inputs)[0].asnumpy().item()
+
+    steps = {"MindSpore's step": ab_small.mindspore_step(x, y), "pipe's train_step": pipe,
+             "its graph alone": graph, "its graph as run_actions calls it": as_run_actions_calls_it,
+             "train_step, collector off": collector_off(pipe)}
+    times = {name: [] for name in steps}
+    for _ in range(10):
+        for step in steps.values():
+            step()
+    names = list(steps)
+    for i in range(args.steps):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times[names[0]])
+    for name, spent in times.items():
+        print(f"{name:36s} {statistics.median(spent) * 1e3:8.3f} ms  {statistics.median(spent) / base:6.3f}x",
+              flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)
