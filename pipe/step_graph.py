@@ -31,10 +31,11 @@ GRAPHS = count()                         # each compiled step's own name in Mind
 def compiled(cell):
     """`cell` as one compiled graph, called as MindSpore's own step is: a `jit` function
     (here one that calls the cell, its construct inlined). A Cell's own `jit` construct
-    costs the host 10-30 us more a call, MindSpore's bookkeeping of the Cell
-    (benchmarks/log.md, section 48), as much as a small model's step differs by. The
-    executor is the one a `jit` function makes at each call, made once; it also compiles
-    without running (`compile`), which MindSpore offers no public call for (StepGraph.prepare)."""
+    costs the host more a call, MindSpore's bookkeeping of the Cell (~30 us on CPU, ~50
+    on a GPU's host: benchmarks/log.md, section 48), as much as a small model's step
+    differs by. The executor is the one a `jit` function makes at each call (with
+    `ms.jit`'s defaults), made once; it also compiles without running (`compile`), which
+    MindSpore offers no public call for (StepGraph.prepare)."""
     def step(*arguments):
         return cell(*arguments)
     return _JitExecutor(step, next(GRAPHS), jit_config=ms.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
