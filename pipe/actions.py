@@ -113,7 +113,7 @@ class Actions(nn.Cell):
         self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.batchnorm)
         self.infers = each(lambda c: c.infer_cell)
         self.infer = infer
-        self.weight_inputs = tuple(c.weight_grad_cell.inputs for c in chunks)
+        self.weight_inputs = tuple(c.weight_inputs for c in chunks)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         self.no_labels = chunks[0].no_labels

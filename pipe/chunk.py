@@ -4,7 +4,7 @@ A chunk holds no step's state (pipe.actions keeps what is in flight). It is its 
 their parameters and buffers, and the compiled cells the action handlers call: F
 (`forward_cell`), B (`backward_cell`), I and W (`input_grad_cell`, `weight_grad_cell`:
 pipe.split_backward) and forward-only inference (`infer_cell`), all built from core's
-cells (pipe.core.chunk). Which piece runs layer i is chosen in one place, `forward_piece`
+cells (pipe.core.chunk), each called as one compiled graph (pipe.compiled). Which piece runs layer i is chosen in one place, `forward_piece`
 and `backward_piece`, a list of guards: a ReLU that keeps a float32 input in fp16
 (pipe.precision), a dropout keeping its mask (pipe.dropout), a ReLU keeping its output
 (pipe.relu), else the layer keeping its input; the model's last layer in fp16 hands the
@@ -15,6 +15,7 @@ import mindspore as ms
 
 from pipe import dropout, relu
 from pipe.batchnorm import Buffers, buffers_of
+from pipe.compiled import Compiled
 from pipe.core.chunk import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
                              last_first, leaves, residual_indices)
 from pipe.dropout import Masks, is_dropout
@@ -43,10 +44,12 @@ class Chunk:
         self.loss_fn = None if loss_fn is None else LossTerm(loss_fn)
         pieces = [self.forward_piece(i) for i in range(len(self.layers))]
         self.residual_of = residual_indices(pieces)
-        self.forward_cell = Forward(pieces, self.loss_fn)
-        self.backward_cell = Backward(self.layer_grads(not is_first), gradient_positions(self.layers))
-        self.input_grad_cell, self.weight_grad_cell = split_cells(self)
-        self.infer_cell = Infer(self.layers)
+        self.forward_cell = Compiled(Forward(pieces, self.loss_fn))
+        self.backward_cell = Compiled(Backward(self.layer_grads(not is_first), gradient_positions(self.layers)))
+        input_grad, weight_grad = split_cells(self)
+        self.input_grad_cell, self.weight_grad_cell = Compiled(input_grad), Compiled(weight_grad)
+        self.weight_inputs = weight_grad.inputs        # the residuals W reads
+        self.infer_cell = Compiled(Infer(self.layers))
         self.kept_buffers = Buffers(self.buffers)      # saved and put back around a backward
         self.masks = Masks(self.layers, self.named)    # dropout's, per input spec
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given

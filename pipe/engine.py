@@ -21,6 +21,7 @@ from pipe import checkpoint, predict
 from pipe.actions import Actions
 from pipe.batchnorm import average_buffers
 from pipe.clip import clip_by_global_norm
+from pipe.compiled import Compiled
 from pipe.core.engine import Engine, as_tensor, split
 from pipe.deadlines import connect
 from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
@@ -59,6 +60,7 @@ class PipelineEngine(Engine):
         self.sample, self.loss_fn = sample, loss_fn
         set_matmul_precision(config)     # TF32 on GPU only if asked (pipe.precision)
         super().__init__(model, loss_fn, make_optimizer, config, wire)
+        self.update = Compiled(self.optimizer)     # (pipe.compiled: called as MindSpore's step is)
         self.one_graph = self.update_in_graph = None   # how steps run (run_as; pipe's choice: choose)
         if config.one_graph is not None:
             self.run_as(config.one_graph)
@@ -268,7 +270,7 @@ class PipelineEngine(Engine):
         if not training:
             return p2p
         self.links[batch.shapes] = p2p
-        self.token_counts[batch.shapes] = TokenCount(self.loss_fn, self.output_spec) if counted else None
+        self.token_counts[batch.shapes] = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None
         if self.left:                    # once: what the config left to pipe
             self.choose(p2p)
         if self.one_graph:

@@ -29,6 +29,7 @@ float32. It is the user's choice, never pipe's: the config sets MindSpore's swit
 import mindspore as ms
 from mindspore import nn, ops
 
+from pipe.compiled import Compiled
 from pipe.relu import is_relu
 
 __all__ = ["LossScaler", "LogitsAsFloat32", "GradAsFloat16", "keeps_float32_input", "to_half",
@@ -117,7 +118,6 @@ class Unscale(nn.Cell):
     gradient is still in cache, as in MindSpore's own loss-scaled step. (Summing the
     scaled gradients left every multiply to the end of the backward.)"""
 
-    @ms.jit
     def construct(self, grads, inverse):
         unscaled, sums = (), ()
         for g in grads:
@@ -133,7 +133,7 @@ class LossScaler:
     def __init__(self, value, window):
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth
-        self.unscale_cell = Unscale()
+        self.unscale_cell = Compiled(Unscale())
         self.inverse_of = None           # (S, 1/S as a tensor), made anew when S moves
 
     def inverse(self):

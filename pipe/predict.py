@@ -21,7 +21,6 @@ class Infer(nn.Cell):
         super().__init__(auto_prefix=False)
         self.layers = nn.CellList(layers)
 
-    @ms.jit
     def construct(self, *x):   # a tuple as its elements (MindSpore takes a tuple for a constant)
         x = x if len(x) > 1 else x[0]
         for layer in self.layers:

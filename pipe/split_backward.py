@@ -55,7 +55,6 @@ class InputGrad(nn.Cell):
         super().__init__(auto_prefix=False)
         self.reversed_grads = nn.CellList(layer_grads)
 
-    @ms.jit
     def construct(self, dy, *residuals):
         stashed = ()
         for layer_grad in self.reversed_grads:
@@ -81,7 +80,6 @@ class WeightGrad(nn.Cell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.positions = gradient_positions(layers)
 
-    @ms.jit
     def construct(self, *entries):
         tensors = rows_of(entries)       # the inputs W reads, then the stashes
         grads = ()

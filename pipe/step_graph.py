@@ -13,32 +13,14 @@ clipping by the global norm), the optimizer's update too. Dropout masks are draw
 host as for the loop (pipe.dropout) and go in with the batch; batch norm's buffers are put
 back after each backward piece inside the graph, as in the loop (pipe.batchnorm).
 """
-from itertools import count
-
-import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
-from mindspore.graph.api import _JitExecutor   # (compiled says why)
 
+from pipe.compiled import executor
 from pipe.core.engine import as_tensor
 from pipe.normalized_loss import loss_sum
 
-__all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows", "compiled"]
-
-GRAPHS = count()                         # each compiled step's own name in MindSpore's cache
-
-
-def compiled(cell):
-    """`cell` as one compiled graph, called as MindSpore's own step is: a `jit` function
-    (here one that calls the cell, its construct inlined). A Cell's own `jit` construct
-    costs the host more a call, MindSpore's bookkeeping of the Cell (~30 us on CPU, ~50
-    on a GPU's host: benchmarks/log.md, section 48), as much as a small model's step
-    differs by. The executor is the one a `jit` function makes at each call (with
-    `ms.jit`'s defaults), made once; it also compiles without running (`compile`), which
-    MindSpore offers no public call for (StepGraph.prepare)."""
-    def step(*arguments):
-        return cell(*arguments)
-    return _JitExecutor(step, next(GRAPHS), jit_config=ms.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
+__all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
 
 
 def replica_rows(batch):
@@ -118,7 +100,7 @@ class StepGraph(nn.Cell):
         gives = {"grads": update is None, "sent": self.sends, "overflow": unscale is not None,
                  "count": counter is not None}
         self.given = tuple(gives.get(name, True) for name in OUTPUTS)      # (the loss always)
-        self.compiled_step = compiled(self)
+        self.executor = executor(self)   # (called as pipe.compiled says)
 
     @property
     def gives(self):
@@ -128,7 +110,7 @@ class StepGraph(nn.Cell):
     def call(self, *inputs):
         """A call of the step, given every input (INPUTS' order); every output (OUTPUTS'
         order), `()` for one this graph does not give."""
-        outputs = iter(self.compiled_step(*self.taken(inputs)))
+        outputs = iter(self.executor(*self.taken(inputs)))
         return tuple(next(outputs) if given else () for given in self.given)
 
     def taken(self, inputs):
@@ -183,7 +165,7 @@ class StepGraph(nn.Cell):
         compiled. (MindSpore has no public call for this: `Cell.compile` builds another
         graph, GRAPH_MODE's, which a `jit` call does not use, so every first step compiled
         twice. This is what a `jit` call does before it runs: its executor's `compile`.)"""
-        self.compiled_step.compile("step", *self.taken(inputs))
+        self.executor.compile("run", *self.taken(inputs))
 
     def cut(self, rows):
         """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""

@@ -238,18 +238,22 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
 
 @pytest.mark.parametrize("schedule,cell,chunks", [("1f1b", "Backward", 1), ("zb-h1", "WeightGrad", 1),
                                                  ("zb-v", "Forward", 2)])
-def test_a_chunks_compiled_pieces_compile_once(schedule, cell, chunks, tmp_path):
-    """B, W and F compile once per chunk at M=2 (MindSpore writes one `hwopt_end` IR file per
-    graph): the step's first B (or W) starts the gradient sums and the others add to them
-    in a graph of their own (`add_grads`), not in a second form of the backward; the shape
-    probe before the first step calls the forward as the step does (a chunk before the last
-    takes no labels), so the step runs what the probe compiled (ZB-V on one rank: two chunks)."""
-    with saved_graphs(tmp_path, level=1) as files:
-        engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], micro_batches=2,
-                                    schedule=schedule, one_graph=False, defer_wgrad=False)
-        engine.train_step(x, y)
-        compiled = [os.path.basename(f) for f in files("hwopt_end_*.ir")]
-    assert sum(f"_{cell}_construct_" in f for f in compiled) == chunks, compiled
+def test_a_chunks_compiled_pieces_compile_once(schedule, cell, chunks):
+    """B, W and F compile once per chunk at M=2 (MindSpore's compile cache gains an entry per
+    graph compiled, named by pipe.compiled for the cell it runs): the step's first B (or W)
+    starts the gradient sums and the others add to them in a graph of their own
+    (`add_grads`), not in a second form of the backward; the shape probe before the first
+    step calls the forward as the step does (a chunk before the last takes no labels), so
+    the step runs what the probe compiled (ZB-V on one rank: two chunks). Every graph the
+    loop compiles is one of pipe.compiled's, or `add_grads`: no piece is called two ways."""
+    from mindspore.graph.api import ms_compile_cache
+    before = set(ms_compile_cache)
+    engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], micro_batches=2,
+                                schedule=schedule, one_graph=False, defer_wgrad=False)
+    engine.train_step(x, y)
+    compiled = [phase.split("/")[0] for phase in ms_compile_cache - before]
+    assert sum(phase.startswith(f"pipe.compiled.{cell}_") for phase in compiled) == chunks, compiled
+    assert all(phase.startswith(("pipe.compiled.", "pipe.core.chunk.add_grads.")) for phase in compiled), compiled
 
 
 def small_engine(layers, loss_fn=None, **config):

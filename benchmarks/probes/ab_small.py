@@ -49,7 +49,7 @@ def pipe_step(device, x, y):
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
     args = graph.taken(engine.graph_inputs(graph, batch, masks, engine.loss_grad_scale(None)))
-    return (lambda: engine.train_step(x, y)), (lambda: graph.compiled_step(*args)[0].asnumpy()), engine
+    return (lambda: engine.train_step(x, y)), (lambda: graph.executor(*args)[0].asnumpy()), engine
 
 
 def window(step, steps):

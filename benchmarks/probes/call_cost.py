@@ -89,7 +89,7 @@ def pipe_steps(device, x, y):
     batch = split(engine.config, x, y, 0)
     graph, masks = engine.graphs[batch.shapes], engine.dropout_masks(batch, engine.links[batch.shapes])
     args = graph.taken(engine.graph_inputs(graph, batch, masks, engine.loss_grad_scale(None)))
-    return {"pipe's step graph": lambda: graph.compiled_step(*args)[0].asnumpy(),
+    return {"pipe's step graph": lambda: graph.executor(*args)[0].asnumpy(),
             "pipe's train_step": lambda: engine.train_step(x, y)}
 
 
