@@ -4,12 +4,12 @@ A chunk holds no step's state (pipe.actions keeps what is in flight). It is its 
 their parameters and buffers, and the compiled cells the action handlers call: F
 (`forward_cell`), B (`backward_cell`), I and W (`input_grad_cell`, `weight_grad_cell`:
 pipe.split_backward) and forward-only inference (`infer_cell`), all built from core's
-cells (pipe.core.chunk), each called as one compiled graph (pipe.compiled). Which piece runs layer i is chosen in one place, `forward_piece`
-and `backward_piece`, a list of guards: a ReLU that keeps a float32 input in fp16
-(pipe.precision), a dropout keeping its mask (pipe.dropout), a ReLU keeping its output
-(pipe.relu), else the layer keeping its input; the model's last layer in fp16 hands the
-loss float32 logits. The loss a backward starts from is `loss_fn`'s scalar or the sum of
-its (sum, count) (pipe.normalized_loss).
+cells (pipe.core.chunk), each called as one compiled graph (pipe.compiled). Which piece
+runs layer i is chosen in one place, `forward_piece` and `backward_piece`, a list of
+guards: a ReLU that keeps a float32 input in fp16 (pipe.precision), a dropout keeping its
+mask (pipe.dropout), a ReLU keeping its output (pipe.relu), else the layer keeping its
+input; the model's last layer in fp16 hands the loss float32 logits. The loss a backward
+starts from is `loss_fn`'s scalar or the sum of its (sum, count) (pipe.normalized_loss).
 """
 import mindspore as ms
 
@@ -45,7 +45,8 @@ class Chunk:
         pieces = [self.forward_piece(i) for i in range(len(self.layers))]
         self.residual_of = residual_indices(pieces)
         self.forward_cell = Compiled(Forward(pieces, self.loss_fn))
-        self.backward_cell = Compiled(Backward(self.layer_grads(not is_first), gradient_positions(self.layers)))
+        self.backward_cell = Compiled(Backward(self.layer_grads(not is_first),
+                                               gradient_positions(self.layers)))
         input_grad, weight_grad = split_cells(self)
         self.input_grad_cell, self.weight_grad_cell = Compiled(input_grad), Compiled(weight_grad)
         self.weight_inputs = weight_grad.inputs        # the residuals W reads

@@ -29,8 +29,8 @@ def executor(cell):
     def run(*arguments):
         return cell(*arguments)
     name = next(NAMES)
-    run.__name__ = f"{type(cell).__name__}_{name}"
-    run.__code__ = run.__code__.replace(co_name=run.__name__)
+    run.__name__ = f"{type(cell).__name__}_{name}"   # its entries' name in the compile cache (one
+    # name for many executors: MindSpore warns "compiled again" at each new one)
     return _JitExecutor(run, name, jit_config=ms.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
 
 

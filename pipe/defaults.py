@@ -14,9 +14,9 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   M=4, in turn with W per micro-batch, deferring measured 0.94x (twice), 0.987x and
   1.009x in fp16 as one graph, where the step is bound by launching kernels, 1.001x in
   fp32; in the loop 0.988x (fp32) and 1.06x (fp16); at 1.45x the peak memory (a whole
-  block in one construct: 1.6x slower). Across two H200s (1F1B, fp16 as one graph, M=4) it measured 1.12-1.18x W per
-  micro-batch: each stage's W, all at the step's end, where per micro-batch it ran in
-  1F1B's order. So pipe defers unless the config says memory is short (`recompute`), a
+  block in one construct: 1.6x slower). Across two H200s (1F1B, fp16 as one graph, M=4)
+  it measured 1.12-1.18x W per micro-batch: each stage's W, all at the step's end, where
+  per micro-batch it ran in 1F1B's order. So pipe defers unless the config says memory is short (`recompute`), a
   layer holds buffers (batch norm: its gradient over all rows would use their joint
   statistics), or a layer with weights is not an nn.Dense and the step is not one stage's
   fp16 graph (fp16 always runs as one graph unless the config says otherwise).

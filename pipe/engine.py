@@ -270,7 +270,8 @@ class PipelineEngine(Engine):
         if not training:
             return p2p
         self.links[batch.shapes] = p2p
-        self.token_counts[batch.shapes] = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None
+        self.token_counts[batch.shapes] = (Compiled(TokenCount(self.loss_fn, self.output_spec))
+                                           if counted else None)
         if self.left:                    # once: what the config left to pipe
             self.choose(p2p)
         if self.one_graph:

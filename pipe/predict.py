@@ -2,7 +2,6 @@
 chunk in turn with the layers in eval mode (no dropout, batch norm from its statistics)."""
 from dataclasses import replace
 
-import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
