@@ -46,12 +46,17 @@ def mixed_precision_step(model, loss_fn, optimizer, scale=2.0 ** 16):
     """MindSpore's own fp16 training step on one GPU, `mindspore.amp`'s level O2 (its GPU
     recommendation, what `level="auto"` picks there): float16 layers, batch norms and the
     loss in float32, a dynamic loss scale (started where pipe's starts; MindSpore's manager
-    would start at 2**24) and the step skipped on an overflow. The same work as pipe's fp16."""
+    would start at 2**24) and the step skipped on an overflow. The same work as pipe's fp16,
+    as one compiled graph: the training cell it builds, called outside graph mode, runs
+    operator by operator (benchmarks/log.md, section 52: the anchor before then)."""
     manager = ms.amp.DynamicLossScaleManager(scale, 2, 2000)
-    step = ms.amp.build_train_network(model, optimizer, loss_fn, level="O2",
-                                      loss_scale_manager=manager)
-    step.set_train()
-    return lambda inputs, labels: step(inputs, labels)[0]
+    cell = ms.amp.build_train_network(model, optimizer, loss_fn, level="O2", loss_scale_manager=manager)
+    cell.set_train()
+
+    @ms.jit
+    def step(inputs, labels):
+        return cell(inputs, labels)[0]
+    return step
 
 
 def set_parallel_context(stages, data_parallel):

@@ -78,6 +78,9 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: own x: use whole|own and a stage count P >= 1, e.g. own 2\n"),
     ([sys.executable, "benchmarks/probes/profile_step.py", "CPU", "--micro-batches", "x"],
      "error: argument --micro-batches: must be a positive integer, got x\n"),
+    ([sys.executable, "benchmarks/probes/small_turns.py", "--device", "CPU", "--precision", "fp16"],
+     "error: --precision fp16: MindSpore's loss-scaled step checks overflow with an Ascend operator "
+     "on CPU; use --device GPU\n"),
     ([sys.executable, "benchmarks/report.py", "runs/none/results.jsonl"],
      "error: argument results: no such file: runs/none/results.jsonl\n"),
     ([sys.executable, "benchmarks/compare_runs.py", "a.ckpt", "a.log", "b.ckpt", "b.log"],

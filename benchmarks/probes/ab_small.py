@@ -4,8 +4,8 @@ moved by more than they differ between runs made one process after the other.
 
     python benchmarks/probes/ab_small.py [--rounds 10] [--steps 50]
 
-The model and batch of the headline (8 x 1024, 784 inputs, B=64, M=1, SGD), fp32 (MindSpore's
-fp16 step, its level O2, runs op by op outside graph mode). Prints each
+The model and batch of the headline (8 x 1024, 784 inputs, B=64, M=1, SGD), fp32
+(benchmarks/probes/small_turns.py takes fp16 too). Prints each
 one's median over its windows' medians and the median of the rounds' ratios."""
 import os
 import statistics
@@ -19,7 +19,7 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmark import build_model, own_random_weights  # noqa: E402
-from builtin_pipeline import builtin_train_step  # noqa: E402
+from builtin_pipeline import builtin_train_step, mixed_precision_step  # noqa: E402
 from timing import median_windows  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
@@ -30,18 +30,20 @@ from pipe.engine import PipelineEngine  # noqa: E402
 LAYERS, HIDDEN, INPUTS, BATCH = 8, 1024, 784, 64
 
 
-def mindspore_step(x, y):
+def mindspore_step(x, y, precision="fp32"):
+    """MindSpore's own compiled step (fp16: its loss-scaled O2 recipe, GPU only)."""
     model = build_model(LAYERS, HIDDEN, INPUTS, init="zeros")
     own_random_weights(model, 0, LAYERS + 1, seed=0)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    step = builtin_train_step(model, loss_fn, nn.SGD(model.trainable_params(), learning_rate=1e-3),
-                              1, 1, None)
+    optimizer = nn.SGD(model.trainable_params(), learning_rate=1e-3)
+    step = (mixed_precision_step(model, loss_fn, optimizer) if precision == "fp16"
+            else builtin_train_step(model, loss_fn, optimizer, 1, 1, None))
     return lambda: step(x, y).asnumpy()
 
 
-def pipe_step(device, x, y):
+def pipe_step(device, x, y, precision="fp32"):
     model = build_model(LAYERS, HIDDEN, INPUTS, init="zeros")
-    config = PipelineConfig(batch_size=BATCH, device=device)
+    config = PipelineConfig(batch_size=BATCH, device=device, precision=precision)
     engine = PipelineEngine(model, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                             lambda ps: nn.SGD(ps, learning_rate=1e-3), config)
     own_random_weights(model, 0, LAYERS + 1, seed=0)

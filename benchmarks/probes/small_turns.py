@@ -3,7 +3,7 @@ rotating each round), with what pipe's `train_step` adds taken apart: its graph 
 alone (the same inputs each call), the graph called as `run_actions` calls it (every
 input built, `StepGraph.call`), and `train_step` with Python's garbage collector off.
 
-    python benchmarks/probes/small_turns.py [--device GPU] [--steps 400]
+    python benchmarks/probes/small_turns.py [--device GPU] [--steps 400] [--precision fp16]
 
 Prints each one's median milliseconds and its ratio to MindSpore's step."""
 import gc
@@ -39,13 +39,18 @@ def main(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["CPU", "GPU"], default="GPU")
     p.add_argument("--steps", type=positive_int, default=400)
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16: MindSpore's loss-scaled O2 step against pipe's fp16 (GPU only)")
     args = p.parse_args(argv)
+    if args.precision == "fp16" and args.device != "GPU":
+        p.error("--precision fp16: MindSpore's loss-scaled step checks overflow with an Ascend "
+                "operator on CPU; use --device GPU")
     use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((ab_small.BATCH, ab_small.INPUTS)).astype(np.float32))
     y = ms.Tensor(rng.integers(0, 10, ab_small.BATCH).astype(np.int32))
-    pipe, graph, engine = ab_small.pipe_step(args.device, x, y)
+    pipe, graph, engine = ab_small.pipe_step(args.device, x, y, args.precision)
     batch = split(engine.config, x, y, 0)
     called = engine.graphs[batch.shapes]
 
@@ -54,7 +59,7 @@ def main(argv=None):
         inputs = engine.graph_inputs(called, batch, masks, engine.loss_grad_scale(None))
         return called.call(*inputs)[0].asnumpy().item()
 
-    steps = {"MindSpore's step": ab_small.mindspore_step(x, y), "pipe's train_step": pipe,
+    steps = {"MindSpore's step": ab_small.mindspore_step(x, y, args.precision), "pipe's train_step": pipe,
              "its graph alone": graph, "its graph as run_actions calls it": as_run_actions_calls_it,
              "train_step, collector off": collector_off(pipe)}
     times = {name: [] for name in steps}
