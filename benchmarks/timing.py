@@ -3,7 +3,7 @@ torch: benchmark.py and torch_pipeline.py both import it)."""
 import statistics
 import time
 
-__all__ = ["median_windows"]
+__all__ = ["median_windows", "in_turn"]
 
 
 def median_windows(step, warmup, steps, repeats, before=lambda: None):
@@ -21,3 +21,19 @@ def median_windows(step, warmup, steps, repeats, before=lambda: None):
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
     return medians
+
+
+def in_turn(steps, rounds, warmup=10):
+    """{name: median seconds} of each of `steps` ({name: step}), the steps called one after
+    another `rounds` times, the order rotating each round (each follows each other as
+    often), after `warmup` rounds: figures one host's moments cannot favour."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    names, times = list(steps), {name: [] for name in steps}
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(spent) for name, spent in times.items()}

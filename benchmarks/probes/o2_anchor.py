@@ -7,9 +7,7 @@ the one to quote: it mostly follows the Cell's step, whose queued operators it w
     python benchmarks/probes/o2_anchor.py [--steps 300]
 """
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("GLOG_v", "3")
 
@@ -21,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import ab_small  # noqa: E402
 from benchmark import build_model, own_random_weights  # noqa: E402
+from timing import in_turn  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 
@@ -48,20 +47,10 @@ def main(argv=None):
     steps = {"O2 cell, under one jit": ab_small.mindspore_step(x, y, "fp16"),
              "O2 cell, called as a Cell": o2_cell(x, y),
              "pipe's train_step": ab_small.pipe_step("GPU", x, y, "fp16")[0]}
-    times = {name: [] for name in steps}
-    for _ in range(10):
-        for step in steps.values():
-            step()
-    names = list(steps)
-    for i in range(args.steps):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
-    base = statistics.median(times[names[0]])
-    for name, spent in times.items():
-        print(f"{name:28s} {statistics.median(spent) * 1e3:8.3f} ms  {statistics.median(spent) / base:6.3f}x",
-              flush=True)
+    medians = in_turn(steps, args.steps)
+    base = medians[next(iter(steps))]
+    for name, median in medians.items():
+        print(f"{name:28s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ input built, `StepGraph.call`), and `train_step` with Python's garbage collector
 Prints each one's median milliseconds and its ratio to MindSpore's step."""
 import gc
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("GLOG_v", "3")
 
@@ -20,6 +18,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import ab_small  # noqa: E402
+from timing import in_turn  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
@@ -62,20 +61,10 @@ def main(argv=None):
     steps = {"MindSpore's step": ab_small.mindspore_step(x, y, args.precision), "pipe's train_step": pipe,
              "its graph alone": graph, "its graph as run_actions calls it": as_run_actions_calls_it,
              "train_step, collector off": collector_off(pipe)}
-    times = {name: [] for name in steps}
-    for _ in range(10):
-        for step in steps.values():
-            step()
-    names = list(steps)
-    for i in range(args.steps):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
-    base = statistics.median(times[names[0]])
-    for name, spent in times.items():
-        print(f"{name:36s} {statistics.median(spent) * 1e3:8.3f} ms  {statistics.median(spent) / base:6.3f}x",
-              flush=True)
+    medians = in_turn(steps, args.steps)
+    base = medians[next(iter(steps))]
+    for name, median in medians.items():
+        print(f"{name:36s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
 
 
 if __name__ == "__main__":
