@@ -3,7 +3,7 @@ torch: benchmark.py and torch_pipeline.py both import it)."""
 import statistics
 import time
 
-__all__ = ["median_windows", "in_turn"]
+__all__ = ["median_windows", "in_turn", "print_against_first"]
 
 
 def median_windows(step, warmup, steps, repeats, before=lambda: None):
@@ -37,3 +37,10 @@ def in_turn(steps, rounds, warmup=10):
             steps[name]()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(spent) for name, spent in times.items()}
+
+
+def print_against_first(medians, width):
+    """Each median (in_turn's) in milliseconds and as a ratio to the first one's."""
+    base = next(iter(medians.values()))
+    for name, median in medians.items():
+        print(f"{name:{width}s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)

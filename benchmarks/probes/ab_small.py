@@ -30,6 +30,13 @@ from pipe.engine import PipelineEngine  # noqa: E402
 LAYERS, HIDDEN, INPUTS, BATCH = 8, 1024, 784, 64
 
 
+def batch():
+    """The headline's small batch, (inputs, labels) as tensors (seed 0)."""
+    rng = np.random.default_rng(0)
+    return (ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32)),
+            ms.Tensor(rng.integers(0, 10, BATCH).astype(np.int32)))
+
+
 def mindspore_step(x, y, precision="fp32"):
     """MindSpore's own compiled step (fp16: its loss-scaled O2 recipe, GPU only)."""
     model = build_model(LAYERS, HIDDEN, INPUTS, init="zeros")
@@ -67,9 +74,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    rng = np.random.default_rng(0)
-    x = ms.Tensor(rng.standard_normal((BATCH, INPUTS)).astype(np.float32))
-    y = ms.Tensor(rng.integers(0, 10, BATCH).astype(np.int32))
+    x, y = batch()
     pipe, graph, _ = pipe_step(args.device, x, y)
     steps = {"mindspore": mindspore_step(x, y),
              "pipe": pipe, "graph": graph}

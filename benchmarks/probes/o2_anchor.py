@@ -12,14 +12,13 @@ import sys
 os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import ab_small  # noqa: E402
 from benchmark import build_model, own_random_weights  # noqa: E402
-from timing import in_turn  # noqa: E402
+from timing import in_turn, print_against_first  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 
@@ -41,16 +40,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     use_device("GPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    rng = np.random.default_rng(0)
-    x = ms.Tensor(rng.standard_normal((ab_small.BATCH, ab_small.INPUTS)).astype(np.float32))
-    y = ms.Tensor(rng.integers(0, 10, ab_small.BATCH).astype(np.int32))
+    x, y = ab_small.batch()
     steps = {"O2 cell, under one jit": ab_small.mindspore_step(x, y, "fp16"),
              "O2 cell, called as a Cell": o2_cell(x, y),
              "pipe's train_step": ab_small.pipe_step("GPU", x, y, "fp16")[0]}
-    medians = in_turn(steps, args.steps)
-    base = medians[next(iter(steps))]
-    for name, median in medians.items():
-        print(f"{name:28s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
+    print_against_first(in_turn(steps, args.steps), 28)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ import sys
 os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import ab_small  # noqa: E402
-from timing import in_turn  # noqa: E402
+from timing import in_turn, print_against_first  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.cli import Parser, positive_int, use_device  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
@@ -46,9 +45,7 @@ def main(argv=None):
                 "operator on CPU; use --device GPU")
     use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    rng = np.random.default_rng(0)
-    x = ms.Tensor(rng.standard_normal((ab_small.BATCH, ab_small.INPUTS)).astype(np.float32))
-    y = ms.Tensor(rng.integers(0, 10, ab_small.BATCH).astype(np.int32))
+    x, y = ab_small.batch()
     pipe, graph, engine = ab_small.pipe_step(args.device, x, y, args.precision)
     batch = split(engine.config, x, y, 0)
     called = engine.graphs[batch.shapes]
@@ -61,10 +58,7 @@ def main(argv=None):
     steps = {"MindSpore's step": ab_small.mindspore_step(x, y, args.precision), "pipe's train_step": pipe,
              "its graph alone": graph, "its graph as run_actions calls it": as_run_actions_calls_it,
              "train_step, collector off": collector_off(pipe)}
-    medians = in_turn(steps, args.steps)
-    base = medians[next(iter(steps))]
-    for name, median in medians.items():
-        print(f"{name:36s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
+    print_against_first(in_turn(steps, args.steps), 36)
 
 
 if __name__ == "__main__":
