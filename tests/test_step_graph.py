@@ -2,7 +2,6 @@
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
 import glob
-import os
 from contextlib import contextmanager
 
 import pytest
