@@ -4,13 +4,12 @@ The engine runs a step's lowered action list (F, B, I, W, send, receive) in one 
 ways, with the same handlers below:
 
     the loop (one_graph off)               the step as one graph (pipe.step_graph)
-    for action in actions.program:         @ms.jit
-        state = actions.run(state,         def construct(...):
-                            action, data)      for action in actions.program:
-                                                   state = actions.run(state, action, data)
+    for action in actions.program:         def construct(...):     # compiled, one call
+        state = actions.run(state,             for action in actions.program:
+                            action, data)          state = actions.run(state, action, data)
 
-Run one by one, each handler is plain Python calling its chunk's compiled cells, and a
-message is the wire's own call. Traced, MindSpore compiles the same lines once per batch
+Run one by one, each handler is plain Python calling its chunk's compiled cells (each
+call one compiled graph: pipe.compiled), and a message is the wire's own call. Traced, MindSpore compiles the same lines once per batch
 shape (the program is constants, so every branch is decided while compiling), and a
 message is the wire's in-graph operator. `state` holds the step's values in flight: the tensors
 between chunks by message key (`flight`), what waits for a backward piece (`kept`: each
