@@ -9,13 +9,14 @@ ways, with the same handlers below:
                             action, data)          state = actions.run(state, action, data)
 
 Run one by one, each handler is plain Python calling its chunk's compiled cells (each
-call one compiled graph: pipe.compiled), and a message is the wire's own call. Traced, MindSpore compiles the same lines once per batch
-shape (the program is constants, so every branch is decided while compiling), and a
-message is the wire's in-graph operator. `state` holds the step's values in flight: the tensors
-between chunks by message key (`flight`), what waits for a backward piece (`kept`: each
-micro-batch's residuals and loss gradient; `waiting`: what W reads), the gradient sums per
-chunk, the losses, and two tokens that order the work (`order`: ops.depend in the graph,
-nothing in the loop, where each call has returned before the next).
+call one compiled graph: pipe.compiled), and a message is the wire's own call. Traced,
+MindSpore compiles the same lines once per batch shape (the program is constants, so
+every branch is decided while compiling), and a message is the wire's in-graph operator.
+`state` holds the step's values in flight: the tensors between chunks by message key
+(`flight`), what waits for a backward piece (`kept`: each micro-batch's residuals and loss
+gradient; `waiting`: what W reads), the gradient sums per chunk, the losses, and two
+tokens that order the work (`order`: ops.depend in the graph, nothing in the loop, where
+each call has returned before the next).
 """
 import mindspore as ms
 import numpy as np

@@ -16,8 +16,8 @@ speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cor
   fp32; in the loop 0.988x (fp32) and 1.06x (fp16); at 1.45x the peak memory (a whole
   block in one construct: 1.6x slower). Across two H200s (1F1B, fp16 as one graph, M=4)
   it measured 1.12-1.18x W per micro-batch: each stage's W, all at the step's end, where
-  per micro-batch it ran in 1F1B's order. So pipe defers unless the config says memory is short (`recompute`), a
-  layer holds buffers (batch norm: its gradient over all rows would use their joint
+  per micro-batch it ran in 1F1B's order. So pipe defers unless the config says memory is
+  short (`recompute`), a layer holds buffers (batch norm: its gradient over all rows would use their joint
   statistics), or a layer with weights is not an nn.Dense and the step is not one stage's
   fp16 graph (fp16 always runs as one graph unless the config says otherwise).
 - One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
