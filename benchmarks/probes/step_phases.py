@@ -2,6 +2,7 @@
 
     python benchmarks/probes/step_phases.py --precision fp16 [--steps 30] [--layers 12 ...]
     python benchmarks/probes/step_phases.py --micro-batches 4 [--defer-wgrad] [--no-one-graph]
+    python benchmarks/probes/step_phases.py --micro-batches 4 [--jit-level O1] [--memory-level O1]
 
 On a GPU the device idles whenever the host has not yet launched its next kernel; a step
 that reads its loss back starts with the device idle, so everything the host does before
@@ -15,7 +16,11 @@ mean as a scalar instead of (sum, count): no count at all. pipe's step takes M m
 (`--micro-batches`, 1 by default) and its modes as the benchmarks' flags set them;
 MindSpore's takes the whole batch at once, and at M > 1 also the M micro-batches with
 their gradients accumulated (`gpt_benchmark.AccumulatingStep`), the three in turn.
-Medians over the steps, in milliseconds.
+Medians over the steps, in milliseconds. `--jit-level` compiles every step at that level
+(MindSpore's through the context, pipe's through `pipe.compiled.JIT_CONFIG`), and
+`--memory-level O1` plans the device memory when compiling (MindSpore's SOMAS,
+`ms.runtime.set_memory`) instead of allocating at each kernel: both are the host's work per
+kernel, which a step of many small kernels waits on.
 """
 import os
 import statistics
@@ -30,7 +35,7 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
-from pipe import cli  # noqa: E402
+from pipe import cli, compiled  # noqa: E402
 from pipe.cli import Parser, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -105,8 +110,13 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's M")
     add_speed_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--jit-level", choices=["O0", "O1"], default="O0")
+    p.add_argument("--memory-level", choices=["O0", "O1"], default="O0")
     args = p.parse_args(argv)
     use_device(args.device)
+    ms.runtime.set_memory(optimize_level=args.memory_level)
+    ms.set_context(jit_config={"jit_level": args.jit_level})
+    compiled.JIT_CONFIG = ms.JitConfig(jit_level=args.jit_level, jit_syntax_level="LAX")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]
