@@ -30,8 +30,8 @@ from builtin_pipeline import builtin_train_step, mixed_precision_step, set_paral
 from timing import median_windows  # noqa: E402
 from train import build_model  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
-                      precision_name, use_device)
+from pipe.cli import (Parser, add_memory_plan_flag, add_precision_flag, add_speed_flags,  # noqa: E402
+                      positive_int, precision_name, use_device)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
@@ -64,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--recompute", action="store_true")
     add_speed_flags(p)
     add_precision_flag(p)
+    add_memory_plan_flag(p)
     return p.parse_args(argv)
 
 
@@ -166,7 +167,7 @@ def pipe_run(args, device, schedule, wire, x, y):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = use_device(args.device)
+    device = use_device(args.device, args.memory_plan)
     P, D = args.stages, args.data_parallel
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch_size, args.inputs)).astype(np.float32)

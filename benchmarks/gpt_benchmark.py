@@ -32,10 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 import model as gpt  # noqa: E402  (the example's own module)
 from benchmark import peak_memory, set_tf32  # noqa: E402
-from timing import median_windows  # noqa: E402
+from timing import add_turn_flags, median_windows, turn  # noqa: E402
 from pipe import cli  # noqa: E402
 from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.cli import (Parser, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
+from pipe.cli import (Parser, add_memory_plan_flag, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
                       precision_name, use_device)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -69,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--label", default="")
     add_speed_flags(p)
     add_precision_flag(p)
+    add_memory_plan_flag(p)
+    add_turn_flags(p)
     args = p.parse_args(argv)
     if args.batch_size % args.micro_batches:
         m = args.micro_batches
@@ -225,12 +227,19 @@ def count_params(params):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = use_device(args.device)
+    with turn(args) as wait:
+        run(args, wait)
+
+
+def run(args, wait):
+    device = use_device(args.device, args.memory_plan)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     set_tf32(args, device)               # (MindSpore's own step too)
     if device != "CPU":
         ms.runtime.reset_peak_memory_stats()
     step, chose, params = mindspore_step(args, device) if args.impl == "mindspore" else pipe_step(args, device)
+    step()                               # (compiled before this process's turn)
+    wait()
     windows = median_windows(step, args.warmup, args.steps, args.repeats)
     tokens = args.batch_size * args.context
     flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)

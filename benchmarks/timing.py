@@ -1,9 +1,11 @@
 """How every implementation's step is timed, so that their figures compare (no MindSpore, no
 torch: benchmark.py and torch_pipeline.py both import it)."""
+import contextlib
+import os
 import statistics
 import time
 
-__all__ = ["median_windows", "in_turn", "print_against_first"]
+__all__ = ["median_windows", "in_turn", "print_against_first", "add_turn_flags", "turn"]
 
 
 def median_windows(step, warmup, steps, repeats, before=lambda: None):
@@ -44,3 +46,26 @@ def print_against_first(medians, width):
     base = next(iter(medians.values()))
     for name, median in medians.items():
         print(f"{name:{width}s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
+
+
+def add_turn_flags(parser):
+    """--turns DIR --turn K: several processes compile side by side and time one at a time."""
+    parser.add_argument("--turns", help="a folder the processes of one batch share")
+    parser.add_argument("--turn", type=int, default=0, help="this process's place (0 first)")
+
+
+@contextlib.contextmanager
+def turn(args):
+    """Around a process's whole run: yields `wait`, which returns once process K-1 (K =
+    `args.turn`) has written `args.turns`/K-1; this one writes `args.turns`/K when it ends,
+    timed or failed. A GPT's step takes minutes to compile and seconds to time: compiled
+    side by side and timed one at a time, a batch of processes costs the device about one
+    compile, and no two are timed at once."""
+    def wait():
+        while args.turns and args.turn and not os.path.exists(os.path.join(args.turns, str(args.turn - 1))):
+            time.sleep(0.2)
+    try:
+        yield wait
+    finally:
+        if args.turns:
+            open(os.path.join(args.turns, str(args.turn)), "w").close()

@@ -11,7 +11,8 @@ from pipe.config import PipelineConfig, as_flags
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
-           "add_speed_flags", "config_from", "use_device", "run", "precision_name"]
+           "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "run",
+           "precision_name"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,6 +74,13 @@ def add_speed_flags(parser):
                         help="each step as one compiled graph (default: pipe chooses)")
 
 
+def add_memory_plan_flag(parser):
+    """--memory-plan (the default) and --no-memory-plan: use_device's `memory_plan`."""
+    parser.add_argument("--memory-plan", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU: plan each compiled graph's device memory when it compiles "
+                             "(MindSpore's SOMAS; default on)")
+
+
 def config_from(args, **settings):
     """The PipelineConfig of a program's parsed `args`: every flag named after a config
     field sets that field (so no flag a program accepts can miss its config), and
@@ -82,11 +90,18 @@ def config_from(args, **settings):
     return PipelineConfig(**{**given, **settings})
 
 
-def use_device(name):
+def use_device(name, memory_plan=True):
     """The device a program runs on, set as MindSpore's and returned: `name`, or for "auto" a
     GPU where nvidia-smi is on the PATH, else the CPU. One this MindSpore cannot run on (its
     plugin did not load: no GPU, no CUDA, a CPU-only wheel) is told in one line, exit code 2;
-    `ms.set_device` would end in MindSpore's C++ call stack."""
+    `ms.set_device` would end in MindSpore's C++ call stack.
+
+    On a GPU, with `memory_plan`, every graph's device memory is planned when it compiles
+    (MindSpore's SOMAS: `ms.runtime.set_memory(optimize_level="O1")`) instead of taken from
+    the pool and given back at each kernel. A step of many small kernels waits on the
+    host's work per kernel: the GPT's step at M=4 is 0.90x as long, MindSpore's whole-batch
+    step the same (benchmarks/log.md section 54). The results are the same to the bit; the
+    setting is one per process, MindSpore's own steps in it included."""
     import mindspore as ms
     device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
@@ -94,6 +109,8 @@ def use_device(name):
               "did not load); use --device CPU", file=sys.stderr)
         sys.exit(2)
     ms.set_device(device)
+    if device == "GPU" and memory_plan:
+        ms.runtime.set_memory(optimize_level="O1")
     return device
 
 

@@ -19,7 +19,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import ab_small  # noqa: E402
 from timing import in_turn, print_against_first  # noqa: E402
 from pipe import cli  # noqa: E402
-from pipe.cli import Parser, positive_int, use_device  # noqa: E402
+from pipe.cli import Parser, add_memory_plan_flag, positive_int, use_device  # noqa: E402
 from pipe.core.engine import split  # noqa: E402
 
 
@@ -39,11 +39,12 @@ def main(argv=None):
     p.add_argument("--steps", type=positive_int, default=400)
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
                    help="fp16: MindSpore's loss-scaled O2 step against pipe's fp16 (GPU only)")
+    add_memory_plan_flag(p)
     args = p.parse_args(argv)
     if args.precision == "fp16" and args.device != "GPU":
         p.error("--precision fp16: MindSpore's loss-scaled step checks overflow with an Ascend "
                 "operator on CPU; use --device GPU")
-    use_device(args.device)
+    use_device(args.device, args.memory_plan)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     x, y = ab_small.batch()
     pipe, graph, engine = ab_small.pipe_step(args.device, x, y, args.precision)

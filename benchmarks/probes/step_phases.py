@@ -2,7 +2,7 @@
 
     python benchmarks/probes/step_phases.py --precision fp16 [--steps 30] [--layers 12 ...]
     python benchmarks/probes/step_phases.py --micro-batches 4 [--defer-wgrad] [--no-one-graph]
-    python benchmarks/probes/step_phases.py --micro-batches 4 [--jit-level O1] [--memory-level O1]
+    python benchmarks/probes/step_phases.py --micro-batches 4 [--jit-level O1] [--no-memory-plan]
 
 On a GPU the device idles whenever the host has not yet launched its next kernel; a step
 that reads its loss back starts with the device idle, so everything the host does before
@@ -17,10 +17,10 @@ mean as a scalar instead of (sum, count): no count at all. pipe's step takes M m
 MindSpore's takes the whole batch at once, and at M > 1 also the M micro-batches with
 their gradients accumulated (`gpt_benchmark.AccumulatingStep`), the three in turn.
 Medians over the steps, in milliseconds. `--jit-level` compiles every step at that level
-(MindSpore's through the context, pipe's through `pipe.compiled.JIT_CONFIG`), and
-`--memory-level O1` plans the device memory when compiling (MindSpore's SOMAS,
-`ms.runtime.set_memory`) instead of allocating at each kernel: both are the host's work per
-kernel, which a step of many small kernels waits on.
+(MindSpore's through the context, pipe's through `pipe.compiled.JIT_CONFIG`);
+`--no-memory-plan` leaves MindSpore allocating device memory at each kernel (pipe.cli's
+`use_device` says why it does not); `--turns DIR --turn K` compiles beside other processes
+and times in turn (benchmarks/timing.py).
 """
 import os
 import statistics
@@ -35,8 +35,9 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
+import timing  # noqa: E402
 from pipe import cli, compiled  # noqa: E402
-from pipe.cli import Parser, add_speed_flags, positive_int, use_device  # noqa: E402
+from pipe.cli import Parser, add_memory_plan_flag, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 
@@ -111,10 +112,16 @@ def main(argv=None):
     add_speed_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
     p.add_argument("--jit-level", choices=["O0", "O1"], default="O0")
-    p.add_argument("--memory-level", choices=["O0", "O1"], default="O0")
+    add_memory_plan_flag(p)
+    timing.add_turn_flags(p)
     args = p.parse_args(argv)
-    use_device(args.device)
-    ms.runtime.set_memory(optimize_level=args.memory_level)
+    with timing.turn(args) as wait:
+        run(args, wait)
+    return 0
+
+
+def run(args, wait):
+    use_device(args.device, args.memory_plan)
     ms.set_context(jit_config={"jit_level": args.jit_level})
     compiled.JIT_CONFIG = ms.JitConfig(jit_level=args.jit_level, jit_syntax_level="LAX")
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -125,13 +132,13 @@ def main(argv=None):
     for step in steps:                   # warm up; then the steps in turn, step by step
         for _ in range(3):
             step()
+    wait()
     TIMES.clear()
     for _ in range(args.steps):
         for step in steps:
             step()
     for name, times in TIMES.items():
-        print(f"{name:45s} {statistics.median(times) * 1e3:9.3f} ms  ({len(times)} calls)")
-    return 0
+        print(f"{name:45s} {statistics.median(times) * 1e3:9.3f} ms  ({len(times)} calls)", flush=True)
 
 
 if __name__ == "__main__":

