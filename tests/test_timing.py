@@ -1,0 +1,38 @@
+"""benchmarks/timing.py's turns: processes compile side by side, and are timed one at a time."""
+import os
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from timing import turn  # noqa: E402
+
+
+def test_a_process_is_timed_only_after_the_one_before_it_ends(tmp_path):
+    args = SimpleNamespace(turns=str(tmp_path), turn=1)
+    with turn(args) as wait:
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()                  # process 0 has not ended
+        (tmp_path / "0").touch()
+        waiting.join(5)
+        assert not waiting.is_alive()
+        assert not (tmp_path / "1").exists()
+    assert (tmp_path / "1").exists()               # the next one's turn
+
+
+def test_a_failed_process_still_hands_on_its_turn(tmp_path):
+    with pytest.raises(RuntimeError):
+        with turn(SimpleNamespace(turns=str(tmp_path), turn=0)):
+            raise RuntimeError("did not compile")
+    assert (tmp_path / "0").exists()
+
+
+def test_without_turns_nothing_waits_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with turn(SimpleNamespace(turns=None, turn=3)) as wait:
+        wait()
+    assert os.listdir(tmp_path) == []
