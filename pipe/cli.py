@@ -11,8 +11,8 @@ from pipe.config import PipelineConfig, as_flags
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
-           "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "run",
-           "precision_name"]
+           "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
+           "run", "precision_name"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -94,16 +94,8 @@ def use_device(name, memory_plan=True):
     """The device a program runs on, set as MindSpore's and returned: `name`, or for "auto" a
     GPU where nvidia-smi is on the PATH, else the CPU. One this MindSpore cannot run on (its
     plugin did not load: no GPU, no CUDA, a CPU-only wheel) is told in one line, exit code 2;
-    `ms.set_device` would end in MindSpore's C++ call stack.
-
-    On a GPU, with `memory_plan`, every graph's device memory is planned when it compiles
-    (MindSpore's SOMAS: `ms.runtime.set_memory(optimize_level="O1")`) instead of taken from
-    the pool and given back kernel by kernel. A step that waits on the host launching its
-    kernels gains: the GPT's fp16 step at M=4 0.86x as long, MindSpore's own accumulation
-    of its micro-batches as much; a step the device bounds is unchanged. In fp16 the peak
-    memory grows 1.08-1.15x (benchmarks/log.md section 54). Weights are the same to the
-    bit. The setting is one per process (MindSpore's own steps in it plan too) and is
-    MindSpore's to refuse a second time, so it is the program's, not the engine's."""
+    `ms.set_device` would end in MindSpore's C++ call stack. On a GPU, with `memory_plan`,
+    MindSpore plans each graph's memory (plan_memory)."""
     import mindspore as ms
     device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
@@ -112,8 +104,25 @@ def use_device(name, memory_plan=True):
         sys.exit(2)
     ms.set_device(device)
     if device == "GPU" and memory_plan:
-        ms.runtime.set_memory(optimize_level="O1")
+        plan_memory()
     return device
+
+
+def plan_memory():
+    """Every graph's device memory planned when it compiles (MindSpore's SOMAS,
+    `ms.runtime.set_memory(optimize_level="O1")`) instead of taken from the pool and given
+    back kernel by kernel. A step that waits on the host launching its kernels gains: the
+    GPT's fp16 step at M=4 on a GPU 0.86x as long, MindSpore's own accumulation of its
+    micro-batches as much; a step the device bounds is unchanged. In fp16 the peak memory
+    grows 1.08-1.15x (benchmarks/log.md section 54). Weights are the same to the bit. The
+    setting is one per process (MindSpore's own steps in it plan too) and MindSpore takes
+    it once: a second call, or a program that set its memory first, changes nothing."""
+    import mindspore as ms
+    try:
+        ms.runtime.set_memory(optimize_level="O1")
+    except RuntimeError as e:            # set before (by this, or by the program): that stands
+        if "set repeatedly" not in str(e):
+            raise
 
 
 def run(main):

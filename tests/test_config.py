@@ -79,3 +79,17 @@ def test_every_flag_an_example_accepts_reaches_its_config(example):
     config = config_from(args, device=args.device)     # (as train resolves "auto")
     for dest in flags:
         assert getattr(config, dest) == getattr(args, dest) != getattr(PipelineConfig(), dest), dest
+
+
+
+def test_the_memory_plan_is_set_once_and_a_second_call_changes_nothing():
+    """pipe.cli.plan_memory (use_device's on a GPU; the call itself runs anywhere, in a
+    process of its own): MindSpore takes its memory settings once per process and refuses
+    a second time, so a second call (or one after a program set its memory itself, the
+    same refusal) must leave the first setting and fail nothing."""
+    import subprocess
+    import sys
+    code = ("import mindspore as ms; from pipe.cli import plan_memory; plan_memory(); "
+            "plan_memory(); print(ms.get_context('memory_optimize_level'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]

@@ -19,7 +19,7 @@ their gradients accumulated (`gpt_benchmark.AccumulatingStep`), the three in tur
 Medians over the steps, in milliseconds. `--jit-level` compiles every step at that level
 (MindSpore's through the context, pipe's through `pipe.compiled.JIT_CONFIG`);
 `--no-memory-plan` leaves MindSpore allocating device memory at each kernel (pipe.cli's
-`use_device` says why it does not); `--turns DIR --turn K` compiles beside other processes
+`plan_memory` says why it does not); `--turns DIR --turn K` compiles beside other processes
 and times in turn (benchmarks/timing.py).
 """
 import os
