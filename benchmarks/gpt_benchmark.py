@@ -238,9 +238,7 @@ def run(args, wait):
     if device != "CPU":
         ms.runtime.reset_peak_memory_stats()
     step, chose, params = mindspore_step(args, device) if args.impl == "mindspore" else pipe_step(args, device)
-    step()                               # (compiled before this process's turn)
-    wait()
-    windows = median_windows(step, args.warmup, args.steps, args.repeats)
+    windows = median_windows(step, args.warmup, args.steps, args.repeats, warmed=wait)
     tokens = args.batch_size * args.context
     flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)
     devices = args.stages if args.impl == "pipe" else 1

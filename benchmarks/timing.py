@@ -8,11 +8,13 @@ import time
 __all__ = ["median_windows", "in_turn", "print_against_first", "add_turn_flags", "turn"]
 
 
-def median_windows(step, warmup, steps, repeats, before=lambda: None):
+def median_windows(step, warmup, steps, repeats, before=lambda: None, warmed=lambda: None):
     """The median time of `step()` in each of `repeats` windows of `steps` calls, after
-    `warmup` calls; `before()` runs untimed ahead of every timed call (torch: a barrier)."""
+    `warmup` calls and `warmed()` (turn's wait); `before()` runs untimed ahead of every
+    timed call (torch: a barrier)."""
     for _ in range(warmup):
         step()
+    warmed()
     medians = []
     for _ in range(repeats):
         times = []
@@ -61,8 +63,10 @@ def turn(args):
     timed or failed. A GPT's step takes minutes to compile and seconds to time: compiled
     side by side and timed one at a time, a batch of processes costs the device about one
     compile, and no two are timed at once."""
+    previous = args.turns and args.turn and os.path.join(args.turns, str(args.turn - 1))
+
     def wait():
-        while args.turns and args.turn and not os.path.exists(os.path.join(args.turns, str(args.turn - 1))):
+        while previous and not os.path.exists(previous):
             time.sleep(0.2)
     try:
         yield wait

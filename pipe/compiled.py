@@ -20,7 +20,6 @@ from mindspore.graph.api import _JitExecutor   # (`executor` says why)
 __all__ = ["Compiled", "executor"]
 
 NAMES = count()                          # each executor's own name in MindSpore's compile cache
-JIT_CONFIG = ms.JitConfig(jit_level="O0", jit_syntax_level="LAX")   # (a probe may try another level)
 
 
 def executor(cell):
@@ -32,7 +31,7 @@ def executor(cell):
     name = next(NAMES)
     run.__name__ = f"{type(cell).__name__}_{name}"   # its entries' name in the compile cache (one
     # name for many executors: MindSpore warns "compiled again" at each new one)
-    return _JitExecutor(run, name, jit_config=JIT_CONFIG)
+    return _JitExecutor(run, name, jit_config=ms.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
 
 
 class Compiled(nn.Cell):

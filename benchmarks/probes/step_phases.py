@@ -2,7 +2,7 @@
 
     python benchmarks/probes/step_phases.py --precision fp16 [--steps 30] [--layers 12 ...]
     python benchmarks/probes/step_phases.py --micro-batches 4 [--defer-wgrad] [--no-one-graph]
-    python benchmarks/probes/step_phases.py --micro-batches 4 [--jit-level O1] [--no-memory-plan]
+    python benchmarks/probes/step_phases.py --micro-batches 4 [--no-memory-plan] [--turns DIR --turn K]
 
 On a GPU the device idles whenever the host has not yet launched its next kernel; a step
 that reads its loss back starts with the device idle, so everything the host does before
@@ -16,11 +16,9 @@ mean as a scalar instead of (sum, count): no count at all. pipe's step takes M m
 (`--micro-batches`, 1 by default) and its modes as the benchmarks' flags set them;
 MindSpore's takes the whole batch at once, and at M > 1 also the M micro-batches with
 their gradients accumulated (`gpt_benchmark.AccumulatingStep`), the three in turn.
-Medians over the steps, in milliseconds. `--jit-level` compiles every step at that level
-(MindSpore's through the context, pipe's through `pipe.compiled.JIT_CONFIG`);
-`--no-memory-plan` leaves MindSpore allocating device memory at each kernel (pipe.cli's
-`plan_memory` says why it does not); `--turns DIR --turn K` compiles beside other processes
-and times in turn (benchmarks/timing.py).
+Medians over the steps, in milliseconds. `--no-memory-plan` leaves MindSpore allocating
+device memory at each kernel (pipe.cli's `plan_memory` says why it does not); `--turns DIR
+--turn K` compiles beside other processes and times in turn (benchmarks/timing.py).
 """
 import os
 import statistics
@@ -36,7 +34,7 @@ from mindspore import nn  # noqa: E402
 sys.path.insert(0, __file__.rsplit("/", 2)[0])     # benchmarks/
 import gpt_benchmark  # noqa: E402
 import timing  # noqa: E402
-from pipe import cli, compiled  # noqa: E402
+from pipe import cli  # noqa: E402
 from pipe.cli import Parser, add_memory_plan_flag, add_speed_flags, positive_int, use_device  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -111,7 +109,6 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=positive_int, default=1, help="pipe's M")
     add_speed_flags(p)
     p.add_argument("--steps", type=positive_int, default=30)
-    p.add_argument("--jit-level", choices=["O0", "O1"], default="O0")
     add_memory_plan_flag(p)
     timing.add_turn_flags(p)
     args = p.parse_args(argv)
@@ -122,8 +119,6 @@ def main(argv=None):
 
 def run(args, wait):
     use_device(args.device, args.memory_plan)
-    ms.set_context(jit_config={"jit_level": args.jit_level})
-    compiled.JIT_CONFIG = ms.JitConfig(jit_level=args.jit_level, jit_syntax_level="LAX")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ids, targets = map(ms.Tensor, gpt_benchmark.data(args))
     steps = [mindspore_steps(args, ids, targets), pipe_steps(args, ids, targets)]
