@@ -18,7 +18,7 @@ def test_a_process_is_timed_only_after_the_one_before_it_ends(tmp_path):
         waiting.join(0.5)
         assert waiting.is_alive()                  # process 0 has not ended
         (tmp_path / "0").touch()
-        waiting.join(5)
+        waiting.join(60)                           # (returns as soon as it is done)
         assert not waiting.is_alive()
         assert not (tmp_path / "1").exists()
     assert (tmp_path / "1").exists()               # the next one's turn
