@@ -13,6 +13,8 @@ stepped after the graph, as with several replicas). Prints the median step over 
 (with --host-profile, the host's costliest Python calls over 10 more steps), then traces 3 steps (benchmarks/probes/device_trace.py: it needs libcupti.so on
 LD_LIBRARY_PATH) and prints each step's busy time and its costliest kernels. pipe's GPT
 takes --micro-batches and the speed flags (what deferring W costs, kernel by kernel).
+`--turns DIR --turn K` compiles beside other processes and times and traces in turn
+(benchmarks/timing.py).
 """
 import os
 import sys
@@ -26,7 +28,8 @@ from mindspore import nn  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import gpt_benchmark  # noqa: E402
-from benchmark import Float32Loss, build_model, own_random_weights, peak_memory, timed  # noqa: E402
+import timing  # noqa: E402
+from benchmark import Float32Loss, build_model, own_random_weights, peak_memory  # noqa: E402
 from builtin_pipeline import builtin_train_step  # noqa: E402
 from device_trace import summary, trace  # noqa: E402
 from pipe import cli  # noqa: E402
@@ -103,7 +106,14 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=positive_int, default=1,
                    help="the GPT only: pipe's M, or MindSpore's own step accumulating M micro-batches")
     add_speed_flags(p)
+    timing.add_turn_flags(p)
     args = p.parse_args(argv)
+    with timing.turn(args) as wait:
+        run(args, wait)
+    return 0
+
+
+def run(args, wait):
     use_device(args.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     if args.graph_kernel:
@@ -112,7 +122,7 @@ def main(argv=None):
         import pipe.engine
         pipe.engine.updates_in_graph = lambda layout: False
     step = gpt_step(args) if args.model == "gpt" else mlp_step(args)
-    windows = timed(step, args)
+    windows = timing.median_windows(step, args.warmup, args.steps, args.repeats, warmed=wait)
     print(f"{args.model} {args.impl} {args.precision}{' graph-kernel' * args.graph_kernel}: {sorted(windows)[1] * 1e3:.2f} ms per step "
           f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)}), peak "
           f"{peak_memory(args.device) / 2**30:.2f} GiB", flush=True)
