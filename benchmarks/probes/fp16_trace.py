@@ -99,9 +99,9 @@ def main(argv=None):
                    help="MindSpore's graph kernel fusion on (on the GPU kit: its kernel build fails)")
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp16")
     p.add_argument("--trace", metavar="DIR", help="trace 3 steps into DIR and summarize them")
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=positive_int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--device", choices=["GPU", "CPU"], default="GPU", help="CPU: a smoke test")
     p.add_argument("--micro-batches", type=positive_int, default=1,
                    help="the GPT only: pipe's M, or MindSpore's own step accumulating M micro-batches")
@@ -123,7 +123,7 @@ def run(args, wait):
         pipe.engine.updates_in_graph = lambda layout: False
     step = gpt_step(args) if args.model == "gpt" else mlp_step(args)
     windows = timing.median_windows(step, args.warmup, args.steps, args.repeats, warmed=wait)
-    print(f"{args.model} {args.impl} {args.precision}{' graph-kernel' * args.graph_kernel}: {sorted(windows)[1] * 1e3:.2f} ms per step "
+    print(f"{args.model} {args.impl} {args.precision}{' graph-kernel' * args.graph_kernel}: {sorted(windows)[len(windows) // 2] * 1e3:.2f} ms per step "
           f"(windows {', '.join(f'{w * 1e3:.2f}' for w in windows)}), peak "
           f"{peak_memory(args.device) / 2**30:.2f} GiB", flush=True)
     if args.host_profile:
