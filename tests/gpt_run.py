@@ -62,12 +62,12 @@ def plain_run(seed, lengths=LENGTHS, size=SIZE):
     return {n: p.asnumpy() for n, p in zip(names, model.trainable_params())}, losses
 
 
-def plain_fp16_run(seed, loss_scale, lengths=LENGTHS):
+def plain_fp16_run(seed, loss_scale, lengths=LENGTHS, size=SIZE):
     """({name: value}, every step's loss, the loss scale after every step) of one plain
     process running the mixed-precision recipe: every layer computes in float16
     (`to_float`) on float32 weights, float32 logits, (sum / count) x S differentiated
     (mlp_run.fp16_steps)."""
-    model = LayerBuilders(gpt.gpt_layers(**SIZE), seed).whole()
+    model = LayerBuilders(gpt.gpt_layers(**size), seed).whole()
     names = [p.name for p in model.trainable_params()]
     for layer in model.cells():
         layer.to_float(ms.float16)
@@ -92,13 +92,15 @@ class CountingEngine(PipelineEngine):
 
 
 def pipe_run(spec, communicator):
-    """Train `spec` ({"config": PipelineConfig fields, "seed", "save"}) on the ranks
-    of `communicator`; saves the model after the last step. Returns the engine and this
-    rank's results: the losses, and how many shapes the stages agreed on."""
+    """Train `spec` ({"config": PipelineConfig fields, "seed", "save"; "lengths" and
+    "layers" if not LENGTHS and SIZE's) on the ranks of `communicator`; saves the model
+    after the last step. Returns the engine and this rank's results: the losses, and how
+    many shapes the stages agreed on."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     config = loop_config(batch_size=BATCH, seed=spec["seed"], **spec["config"])
-    engine = CountingEngine(gpt.gpt_layers(**SIZE), gpt.TokenLoss(), optimizer,
+    size = dict(SIZE, layers=spec.get("layers", SIZE["layers"]))
+    engine = CountingEngine(gpt.gpt_layers(**size), gpt.TokenLoss(), optimizer,
                             config, DeadlineWire(120.0, communicator))
     losses, scales = [], []
     lengths = spec.get("lengths", LENGTHS)

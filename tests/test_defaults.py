@@ -130,16 +130,24 @@ def test_one_choice_left_to_pipe_is_said_alone(capsys):
 def matrix(root):
     """Runs with nothing pinned (trained in one launch: conftest.trained): a 2 x 2 pipeline,
     and layer builders with batch norm on the first stage only."""
-    left = dict(defer_wgrad=None, one_graph=None)
-    return [(4, spec(root, "defaults-zb-v-2x2", schedule="zb-v", stages=2, data_parallel=2, **left)),
+    left, zb_v = dict(defer_wgrad=None, one_graph=None), dict(schedule="zb-v", stages=2, data_parallel=2)
+    return [(4, spec(root, "defaults-zb-v-2x2", **zb_v, **left)),
+            (4, spec(root, "forced-loop-zb-v-2x2", **zb_v, defer_wgrad=True, one_graph=False)),
             (2, {**spec(root, "defaults-batch-norm-builders-2x1", stages=2, **left),
                  "builders": True, "batch_norm": True})]
 
 
 def test_every_rank_makes_the_same_choice_and_trains_the_one_process_model(trained):
+    """ZB-V 2x2: one graph per step (the V's local turn, messages and the replicas'
+    all-reduce inside it) with W deferred, every rank's loss and weights the bits of the
+    per-action loop's with W deferred, and the single process's model."""
     ranks = results(trained / "defaults-zb-v-2x2")
     assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, True)] * 4
-    assert_same_weights(load(trained / "defaults-zb-v-2x2" / "model.ckpt"), plain_run("sgd", SEED)[0])
+    got, want = (load(trained / name / "model.ckpt") for name in ("defaults-zb-v-2x2", "forced-loop-zb-v-2x2"))
+    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+    assert [r["losses"] for r in ranks.values()] == \
+        [r["losses"] for r in results(trained / "forced-loop-zb-v-2x2").values()]
+    assert_same_weights(got, plain_run("sgd", SEED)[0])
 
 
 def test_batch_norm_on_one_rank_decides_for_every_rank(trained):

@@ -14,7 +14,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from gpt_run import LENGTHS, ONE_LENGTH, TokenMean, gpt, plain_fp16_run, plain_run
+from gpt_run import LENGTHS, ONE_LENGTH, SIZE, TokenMean, gpt, plain_fp16_run, plain_run
 from launch import ROOT, assert_like_one_process
 from pipe.builders import LayerBuilders
 
@@ -26,12 +26,13 @@ CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the ti
 # count was known ahead of the backward, pipe's gradients were count / (M x D) times larger,
 # and every step overflowed). Tuples cross the boundaries, in one graph too.
 SCALE = 2.0 ** 16
-# The 1x1 run steps through new lengths in one graph; the 2x2, about its layout, one length.
-# Both ways of running a step train the GPT on several ranks: the loop above (fp32), one
-# graph here (fp16) and in the example's run (pipe's choice on CPU).
-FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False), LENGTHS),   # B whole
-        "gpt-fp16-zb-v-2x2-one-graph-deferred": (4, dict(stages=2, data_parallel=2, schedule="zb-v",
-                                                         one_graph=True, defer_wgrad=True), ONE_LENGTH)}
+# The 1x1 run steps through new lengths in one graph (one block: each length compiles the
+# whole step again); the 2x1, about its layout, one length. Both ways of running a step
+# train the GPT on several ranks: the loop above (fp32), one graph here (fp16) and in the
+# example's run (pipe's choice on CPU).
+FP16 = {"gpt-fp16-1x1-one-graph": (1, dict(one_graph=True, defer_wgrad=False), LENGTHS, 1),   # B whole
+        "gpt-fp16-zb-v-2x1-one-graph-deferred": (2, dict(stages=2, schedule="zb-v", one_graph=True,
+                                                         defer_wgrad=True), ONE_LENGTH, SIZE["layers"])}
 # 1F1B 2x1 with the tied head: the example itself (its batches, its Adam), 2 steps, then
 # a byte sampled with predict (a tuple between the stages in eval mode).
 EXAMPLE = ["--stages", "2", "--steps", "2", "--layers", "1", "--width", "16", "--batch-size", "8",
@@ -43,8 +44,8 @@ def matrix(root):
     configs = [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **config}, "seed": SEED, "save": str(root / name)})
                for name, (ranks, config) in CONFIGS.items()]
     configs += [(ranks, {"model": "gpt", "config": {"micro_batches": 2, **fp16, **config}, "seed": SEED,
-                         "lengths": lengths, "save": str(root / name)})
-                for name, (ranks, config, lengths) in FP16.items()]
+                         "lengths": lengths, "layers": layers, "save": str(root / name)})
+                for name, (ranks, config, lengths, layers) in FP16.items()]
     return configs + [(2, {"model": "gpt-example", "argv": EXAMPLE + ["--save", str(root / "gpt-example")],
                            "save": str(root / "gpt-example")})]
 
@@ -61,8 +62,8 @@ def test_gpt_trains_like_one_process(trained, plain, name):
 
 
 @functools.cache
-def plain_fp16(lengths):
-    return plain_fp16_run(SEED, SCALE, lengths)
+def plain_fp16(lengths, layers):
+    return plain_fp16_run(SEED, SCALE, lengths, dict(SIZE, layers=layers))
 
 
 @pytest.mark.parametrize("name", list(FP16))
@@ -70,8 +71,8 @@ def test_gpt_in_fp16_with_a_token_mean_scales_and_skips_like_one_process(trained
     """The mixed-precision recipe in one process: float16 layers, float32 logits,
     (sum / count) x S differentiated. pipe gives the same loss scales after every step,
     the same losses, and weights within float16's round-off."""
-    lengths = FP16[name][2]
-    weights, losses, scales = plain_fp16(lengths)
+    lengths, layers = FP16[name][2:]
+    weights, losses, scales = plain_fp16(lengths, layers)
     assert scales == [SCALE] * len(lengths)
     for rank, result in assert_like_one_process(trained / name, weights, losses, 1e-3, 2e-3).items():
         assert result["loss_scales"] == scales, f"rank {rank}"

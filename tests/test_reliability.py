@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from launch import LOOP_FLAGS, TRAIN, Job, load, run_check, run_example, run_many
+from launch import LOOP_FLAGS, TRAIN, Job, load, load_example, run_check, run_example, run_many
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",
          "--log-every", "1", "--seed", "5"]
@@ -192,7 +192,11 @@ def test_divergence_stops_every_rank_with_the_fix():
     ("--stages", "two", "argument --stages: must be a positive integer, got two"),
     ("--save-every", "-1", "--steps (300) and --save-every (-1) cannot be negative"),
 ])
-def test_bad_flags_are_echoed(flag, value, message):
-    done = run_example(1, flag, value)
-    assert done.returncode == 2 and message in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1          # no usage text before it
+def test_bad_flags_are_echoed(flag, value, message, capsys):
+    """Answered while parsing, before anything starts (in this process: the example's
+    `parse_args`, which its `main` calls first; test_errors.py runs the example itself)."""
+    example = load_example("mnist_train", "mnist", "train.py")
+    with pytest.raises(SystemExit) as ended:
+        example.parse_args([flag, value])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"      # one line: no usage text

@@ -2,6 +2,7 @@
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
 import glob
+import os
 from contextlib import contextmanager
 
 import pytest
@@ -186,15 +187,18 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
 
 
 @contextmanager
-def saved_graphs(directory, level):
-    """Inside, MindSpore writes the IR of each graph it compiles under `directory`
-    (`save_graphs` at `level`); yields `files(pattern)`, the IR files written so far."""
+def saved_graphs(directory):
+    """Inside, MindSpore writes the kernel graph of each graph it compiles under `directory`
+    (`graph_build_*.ir`: `save_graphs`, only that pass's IR, `MS_DEV_DUMP_IR_PASSES`: every
+    pass's would cost more than the compile); yields `files()`, those written so far."""
     import mindspore as ms
-    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=level, save_graphs_path=str(directory))
+    os.environ["MS_DEV_DUMP_IR_PASSES"] = "graph_build"
+    ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=2, save_graphs_path=str(directory))
     try:
-        yield lambda pattern="*.ir": glob.glob(str(directory / "**" / pattern), recursive=True)
+        yield lambda: glob.glob(str(directory / "**" / "graph_build_*.ir"), recursive=True)
     finally:
         ms.set_context(save_graphs=0)
+        del os.environ["MS_DEV_DUMP_IR_PASSES"]
 
 
 @pytest.mark.parametrize("defer_wgrad", [False, True])
@@ -207,13 +211,13 @@ def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_pat
     import re
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
     from pipe.engine import PipelineEngine
-    with saved_graphs(tmp_path, level=2) as files:
+    with saved_graphs(tmp_path) as files:
         config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
         engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"), config)
         engine.train_step(*batches(7)[0])
     assert engine.update_in_graph
     orders = [re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(MatMul|SGD)\(", open(path).read(), re.M)
-              for path in files("graph_build_*.ir")]
+              for path in files()]
     order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
     last_product = len(order) - 1 - order[::-1].index("MatMul")
     assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)
@@ -224,7 +228,7 @@ def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     """Each step's dropout masks are new tensors, inputs of the compiled calls as variables:
     after the first steps, more steps compile no graph (MindSpore writes one IR file per
     compile; a tuple of tensors passed as a constant compiled every step again)."""
-    with saved_graphs(tmp_path, level=1) as files:
+    with saved_graphs(tmp_path) as files:
         engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
                                     micro_batches=2, one_graph=one_graph, defer_wgrad=False)
         compiled = []
@@ -280,7 +284,7 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
     graph = StepGraph(built.actions, built.update, constants={"scale": 0.5})   # not compiled yet
     scale = engine.loss_grad_scale(None)                                        # (not taken)
-    with saved_graphs(tmp_path, level=1) as files:
+    with saved_graphs(tmp_path) as files:
         graph.prepare(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
         prepared = len(files())
         graph.call(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p), scale))
@@ -324,11 +328,11 @@ def test_a_fixed_scale_is_a_constant_of_the_graph(tmp_path):
     graph holds; at M=1 it multiplies nothing, as one process's step. (At M > 1 the
     multiply is there: one graph is bitwise the loop, whose scale is a tensor, above.)"""
     import re
-    with saved_graphs(tmp_path, level=2) as files:
+    with saved_graphs(tmp_path) as files:
         engine, x, y = small_engine([nn.Dense(6, 3)], one_graph=True, defer_wgrad=False)
         engine.train_step(x, y)
     names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
-                 for path in files("graph_build_*.ir")), key=len)        # the step's graph
+                 for path in files()), key=len)        # the step's graph
     assert "Mul" not in names, names
 
 
@@ -342,13 +346,13 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
     import numpy as np
     counts, weights = {}, {}
     for defer_wgrad in (False, True):
-        with saved_graphs(tmp_path / str(defer_wgrad), level=2) as files:
+        with saved_graphs(tmp_path / str(defer_wgrad)) as files:
             ms.set_seed(0)
             engine, x, y = small_engine([nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)],
                                         micro_batches=2, one_graph=True, defer_wgrad=defer_wgrad)
             engine.train_step(x, y)
         names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
-                     for path in files("graph_build_*.ir")), key=len)        # the step's graph
+                     for path in files()), key=len)        # the step's graph
         counts[defer_wgrad] = names.count("LayerNorm"), names.count("LayerNormGrad")
         weights[defer_wgrad] = [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]
     assert counts[False] == counts[True] == (2, 2), counts

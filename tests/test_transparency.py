@@ -16,7 +16,6 @@ SEED = 7
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (3, 1), (4, 1)]
 CASES = [("1f1b", p, d) for p, d in LAYOUTS] + [("gpipe", 2, 2)]
 BUILDER_LAYOUTS = [(1, 1, "1f1b"), (2, 1, "1f1b"), (4, 1, "zb-h1"), (2, 2, "interleaved-1f1b")]
-ONE_GRAPH = [("zb-v", 2, 2)]       # the V's local turn, split backward, two replicas
 WHOLE_ON_EVERY_RANK = ("1f1b", 4, 1)   # the whole model given: every rank holds it all
 
 
@@ -31,8 +30,6 @@ def matrix(root):
                         "count_held": (s, p, d) == WHOLE_ON_EVERY_RANK}) for s, p, d in CASES]
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
                          "builders": True, "count_held": True}) for p, d, s in BUILDER_LAYOUTS]
-    configs += [(p * d, spec(root, f"one-graph-{s}-{p}x{d}", schedule=s, stages=p, data_parallel=d,
-                             one_graph=True)) for s, p, d in ONE_GRAPH]
     configs += [(4, spec(root, "adam-2x2", "adam", stages=2, data_parallel=2)),
                 (2, {**spec(root, "dropout-adam-2x1", "adam", stages=2), "dropout": True}),
                 (2, {**spec(root, "one-graph-dropout-adam-2x1", "adam", stages=2, one_graph=True),
@@ -110,23 +107,6 @@ def test_each_rank_builds_only_its_layers(runs):
     assert held("builders-4x1") == [672, 1056, 1056, 330]
     assert held("builders-2x2") == [672 + 1056, 1056 + 330] * 2    # interleaved: blocks 0+2, 1+3
     assert held("{}-{}x{}".format(*WHOLE_ON_EVERY_RANK)) == [3114] * 4
-
-
-@pytest.mark.parametrize("schedule,stages,data_parallel", ONE_GRAPH)
-def test_one_graph_step_equals_single_process(runs, plain, schedule, stages, data_parallel):
-    """The whole step as one compiled graph, messages inside it (pipe.step_graph): the same
-    weights, and every rank's losses the single process's."""
-    got, results = runs[f"one-graph-{schedule}-{stages}x{data_parallel}"]
-    assert_same_weights(got, plain["sgd"][0])
-    for result in results.values():
-        np.testing.assert_allclose(result["losses"], plain["sgd"][1], rtol=1e-6)
-
-
-@pytest.mark.parametrize("name", ["zb-v-2x2"])
-def test_one_graph_step_is_bitwise_the_per_action_loop(runs, name):
-    """The same compiled cells in the same order: not one bit moves."""
-    got, want = runs[f"one-graph-{name}"][0], runs[name][0]
-    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
 
 
 def test_adam_pipeline_equals_single_process(runs, plain):
