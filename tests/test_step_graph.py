@@ -40,12 +40,13 @@ def test_the_turn_of_a_v_stays_on_its_stage():
     assert [e[5] for e in program if e[0] == W] == [1, 1, 0, 0]   # the first W of each chunk starts
 
 
-@pytest.mark.parametrize("features", ["batch norm", "recompute", "batch norm, recompute, dropout"])
+@pytest.mark.parametrize("features", ["batch norm, recompute, dropout"])
 def test_what_the_loop_runs_one_graph_runs_bitwise(features):
     """The loop and the graph run the same handlers (pipe.actions): batch norm's buffers
     put back after each backward piece, recompute's second forward, dropout's masks: one
     stage, 1F1B over 4 micro-batches, Adam stepping in the graph, weights, buffers and
-    losses bit for bit the loop's."""
+    losses bit for bit the loop's. (All three at once: each alone as one graph on 2 ranks,
+    bitwise the loop, in tests/test_models.py and tests/test_recompute.py.)"""
     import mindspore as ms
     import numpy as np
     from pipe.engine import PipelineEngine
