@@ -128,8 +128,9 @@ def test_one_choice_left_to_pipe_is_said_alone(capsys):
 
 
 def matrix(root):
-    """Runs with nothing pinned (trained in one launch: conftest.trained): a 2 x 2 pipeline,
-    and layer builders with batch norm on the first stage only."""
+    """Runs with nothing pinned (trained in one launch: conftest.trained): a 2 x 2 pipeline
+    (and the loop with W deferred, what it chooses but run action by action), and layer
+    builders with batch norm on the first stage only."""
     left, zb_v = dict(defer_wgrad=None, one_graph=None), dict(schedule="zb-v", stages=2, data_parallel=2)
     return [(4, spec(root, "defaults-zb-v-2x2", **zb_v, **left)),
             (4, spec(root, "forced-loop-zb-v-2x2", **zb_v, defer_wgrad=True, one_graph=False)),

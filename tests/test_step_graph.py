@@ -45,8 +45,9 @@ def test_what_the_loop_runs_one_graph_runs_bitwise(features):
     """The loop and the graph run the same handlers (pipe.actions): batch norm's buffers
     put back after each backward piece, recompute's second forward, dropout's masks: one
     stage, 1F1B over 4 micro-batches, Adam stepping in the graph, weights, buffers and
-    losses bit for bit the loop's. (All three at once: each alone as one graph on 2 ranks,
-    bitwise the loop, in tests/test_models.py and tests/test_recompute.py.)"""
+    losses bit for bit the loop's. (All three at once here; batch norm with dropout, and
+    recompute, as one graph on 2 ranks bitwise the loop: tests/test_models.py's CNN,
+    tests/test_recompute.py.)"""
     import mindspore as ms
     import numpy as np
     from pipe.engine import PipelineEngine
@@ -189,9 +190,9 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
 
 @contextmanager
 def saved_graphs(directory):
-    """Inside, MindSpore writes the kernel graph of each graph it compiles under `directory`
-    (`graph_build_*.ir`: `save_graphs`, only that pass's IR, `MS_DEV_DUMP_IR_PASSES`: every
-    pass's would cost more than the compile); yields `files()`, those written so far."""
+    """Inside, MindSpore writes under `directory` the kernel graph (`graph_build_*.ir`) of
+    each graph it compiles and no other pass's IR (`MS_DEV_DUMP_IR_PASSES`: all of them cost
+    more than the compile); yields `files()`, those written so far."""
     import mindspore as ms
     os.environ["MS_DEV_DUMP_IR_PASSES"] = "graph_build"
     ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=2, save_graphs_path=str(directory))
