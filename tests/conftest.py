@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from cpu_report import CpuReport  # noqa: E402
 from launch import start_many  # noqa: E402
 
 LAUNCH = {}   # "job": the shared launch, "root": where it saves, "runs": {module: its configurations' places}
@@ -28,6 +29,13 @@ LAUNCH = {}   # "job": the shared launch, "root": where it saves, "runs": {modul
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true",
                      help="also run the tests marked slow (minutes each: not in CI's suite)")
+    parser.addoption("--cpu-report", action="store_true",
+                     help="say where the CPU time went (tests/cpu_report.py)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cpu-report"):
+        config.pluginmanager.register(CpuReport(LAUNCH), "cpu_report")
 
 
 def needs_launch(item):

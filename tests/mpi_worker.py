@@ -10,8 +10,9 @@ Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
 each on its own ranks (an MPI sub-communicator): a pipeline waiting on its own stages
 leaves the CPU to another. Each rank of a configuration with --save DIR writes what it
-returned (every step's loss, peak activation memory) and the SHA-256 of each buffer it
-holds (batch norm's moving statistics) to DIR/result-rank<r>.json. Given a second
+returned (every step's loss, peak activation memory), the SHA-256 of each buffer it holds
+(batch norm's moving statistics) and the CPU time the configuration took there
+(tests/cpu_report.py) to DIR/result-rank<r>.json. Given a second
 argument, a directory, each configuration's first rank writes a file named for its place in
 the list there once all its ranks have ended well: a test can read its runs while the launch
 goes on with the others'.
@@ -62,6 +63,7 @@ def wait_all(communicator):
 
 
 def run(flags, communicator):
+    started = time.process_time()        # (this process's CPU time: tests/cpu_report.py)
     if isinstance(flags, dict):
         run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run,
                     "dtypes": dtypes_run.pipe_run,
@@ -75,6 +77,7 @@ def run(flags, communicator):
         engine = result.pop("engine")
     buffers = engine.layout.buffers if hasattr(engine, "layout") else []    # (core: none)
     result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in buffers}
+    result["cpu_seconds"] = time.process_time() - started
     if save:
         os.makedirs(save, exist_ok=True)
         with open(os.path.join(save, f"result-rank{communicator.Get_rank()}.json"), "w") as f:

@@ -15,6 +15,7 @@ def test_tied_weights_train_like_one_process(trained):
     ranks = results(trained / "tied-2x2")
     assert sorted(ranks) == [0, 1, 2, 3]
     for rank, found in ranks.items():
-        assert {k: v for k, v in found.items() if k != "buffers"} == {
+        checks = {k: v for k, v in found.items() if k not in ("buffers", "cpu_seconds")}  # (mpi_worker's)
+        assert checks == {
             "losses": True, "copies": True, "table": True, "loads": True, "names": True,
             "merged": True}, rank
