@@ -28,7 +28,7 @@ class CpuReport:
     shared launch's state (conftest.LAUNCH), read once the tests have run."""
 
     def __init__(self, launch):
-        self.launch, self.modules, self.configs = launch, defaultdict(lambda: [0.0, 0.0]), {}
+        self.launch, self.modules, self.configs = launch, defaultdict(lambda: [0.0, 0.0]), defaultdict(float)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item):
@@ -45,7 +45,7 @@ class CpuReport:
         for path in glob.glob(str(root / "**" / "result-rank*.json"), recursive=True) if root else ():
             name = os.path.relpath(os.path.dirname(path), root)
             with open(path) as f:
-                self.configs[name] = self.configs.get(name, 0.0) + json.load(f).get("cpu_seconds", 0.0)
+                self.configs[name] += json.load(f).get("cpu_seconds", 0.0)
 
     def pytest_terminal_summary(self, terminalreporter):
         write = terminalreporter.write_line

@@ -158,6 +158,11 @@ def results(directory):
     return dict(sorted(found.items()))
 
 
+def assert_same_bits(got, want):
+    """Two runs' {name: value} (`load`): the same names, every value bit for bit."""
+    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+
+
 def assert_like_one_process(directory, weights, losses, atol=2e-5, rtol=1e-5):
     """The run saved in `directory` (its model.ckpt, every rank's results) against one
     process's `weights` ({name: value}) and `losses`; returns the ranks' results."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from launch import load, loop_config, results
+from launch import assert_same_bits, load, loop_config, results
 from mlp_run import LOSS, build_model, plain_run
 from pipe.config import PipelineConfig
 from pipe.defaults import action_flops, announce, choose_defer, choose_graph, is_composite
@@ -145,7 +145,7 @@ def test_every_rank_makes_the_same_choice_and_trains_the_one_process_model(train
     ranks = results(trained / "defaults-zb-v-2x2")
     assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, True)] * 4
     got, want = (load(trained / name / "model.ckpt") for name in ("defaults-zb-v-2x2", "forced-loop-zb-v-2x2"))
-    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+    assert_same_bits(got, want)
     assert [r["losses"] for r in ranks.values()] == \
         [r["losses"] for r in results(trained / "forced-loop-zb-v-2x2").values()]
     assert_same_weights(got, plain_run("sgd", SEED)[0])

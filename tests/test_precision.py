@@ -14,7 +14,7 @@ import pytest
 import mindspore as ms
 from mindspore import nn
 
-from launch import load, loop_config, results
+from launch import assert_same_bits, load, loop_config, results
 from mlp_run import LOSS, batches, build_model, plain_fp16_run
 from pipe.checkpoint import latest
 from pipe.engine import PipelineEngine
@@ -71,7 +71,7 @@ def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
     """The loss scale goes into the step's graph as an input: not one bit moves."""
     got = load(trained / "fp16-one-graph-1f1b-2x1" / "model.ckpt")
     want = load(trained / "fp16-1f1b-2x1" / "model.ckpt")
-    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+    assert_same_bits(got, want)
 
 
 def test_activations_cross_the_stages_in_float16_and_gradients_sum_in_float32(trained):

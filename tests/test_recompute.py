@@ -4,7 +4,7 @@ The runs train in the one launch the matrices share (conftest.trained)."""
 import numpy as np
 import pytest
 
-from launch import load, results
+from launch import assert_same_bits, load, results
 
 FLAGS = ["--data", "synthetic", "--stages", "2", "--layers", "3", "--hidden", "256",
          "--batch-size", "32", "--micro-batches", "4", "--steps", "3", "--no-eval"]
@@ -46,4 +46,4 @@ def test_recompute_as_one_graph_is_bitwise_the_loop(trained):
     """The backward's second forward inside the step's graph (the loop's handlers, traced)."""
     graph, loop = load(trained / "recompute-1f1b-graph" / "model.ckpt"), \
         load(trained / "recompute-1f1b-recompute" / "model.ckpt")
-    assert sorted(graph) == sorted(loop) and all((graph[name] == loop[name]).all() for name in loop)
+    assert_same_bits(graph, loop)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from launch import load, results
+from launch import assert_same_bits, load, results
 from mlp_run import build_model, plain_run
 
 SEED = 7
@@ -129,7 +129,7 @@ def test_one_graph_with_dropout_and_the_optimizer_inside_is_bitwise_the_loop(run
     in with the micro-batches. Weights and losses: the per-action loop's, bit for bit."""
     (got, results), (want, loop) = runs["one-graph-dropout-adam-2x1"], runs["dropout-adam-2x1"]
     assert all(result["update_in_graph"] for result in results.values())
-    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+    assert_same_bits(got, want)
     assert [r["losses"] for r in results.values()] == [r["losses"] for r in loop.values()]
 
 
