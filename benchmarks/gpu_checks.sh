@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU wire (ops.Send/Receive over NCCL) against one GPU: with the same seed and flags,
-# a 2-stage pipeline must give the single GPU's weights and its loss at every step.
-#   bash benchmarks/gpu_checks.sh [OUT_DIR [--model gpt] [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
-# (2+ GPUs and msrun.) Default: the 3 x 256 MLP, every schedule. --model gpt trains the GPT
+# a pipeline must give the single GPU's weights and its loss at every step.
+#   bash benchmarks/gpu_checks.sh [OUT_DIR [--layout PxD] [--model gpt] [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
+# (P x D GPUs and msrun.) Default: 2 stages (2x1), the 3 x 256 MLP, every schedule.
+# --layout PxD: P stages x D replicas (their gradients all-reduced over NCCL); with P > 2
+# the model is deepened to 2P layers, the V schedules' two chunks per rank. --model gpt trains the GPT
 # example instead (2 blocks of width 64: a (hidden, int32 mask) tuple between the stages,
 # sequences of two lengths, the (sum, count) token loss, the head tied to the embedding,
 # Adam). --one-graph runs the pipelines as one graph per step, against one GPU's one graph
@@ -14,25 +16,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-checks}; shift || true
-TRAIN=examples/mnist/train.py
-FLAGS="--device GPU --data synthetic --layers 3 --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
-GRAPH=--no-one-graph DEFER=--no-defer-wgrad
+GRAPH=--no-one-graph DEFER=--no-defer-wgrad PRECISION=""
+MODEL=mlp STAGES=2 REPLICAS=1
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
+    --layout) [[ "${2:-}" =~ ^([1-9][0-9]*)x([1-9][0-9]*)$ ]] && [ $((BASH_REMATCH[1] * BASH_REMATCH[2])) -ge 2 ] \
+        || { echo "error: --layout ${2:-}: use PxD (stages x replicas) of 2 or more GPUs, e.g. 2x2" >&2; exit 2; }
+      STAGES=${BASH_REMATCH[1]} REPLICAS=${BASH_REMATCH[2]}; shift 2 ;;
     --model) [[ "${2:-}" =~ ^(mlp|gpt)$ ]] || { echo "error: --model ${2:-}: use mlp or gpt" >&2; exit 2; }
-      if [ "$2" = gpt ]; then
-        TRAIN=examples/gpt/train.py
-        FLAGS="--device GPU --layers 2 --width 64 --batch-size 16 --micro-batches 4 --steps 20 --log-every 1 --seed 0 --sample 0"
-      fi
-      shift 2 ;;
+      MODEL=$2; shift 2 ;;
     --one-graph) GRAPH=--one-graph; shift ;;
     --defer-wgrad) DEFER=$1; shift ;;
     --precision) [[ "${2:-}" =~ ^(fp32|fp16)$ ]] || { echo "error: --precision ${2:-}: use fp32 or fp16" >&2; exit 2; }
-      FLAGS="$FLAGS --precision $2"; shift 2 ;;
+      PRECISION="--precision $2"; shift 2 ;;
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
-FLAGS="$FLAGS $DEFER"
+if [ "$MODEL" = gpt ]; then            # the embedding, L blocks, the head
+  TRAIN=examples/gpt/train.py
+  FLAGS="--device GPU --layers $((STAGES > 2 ? 2 * STAGES - 2 : 2)) --width 64 --batch-size 16 --micro-batches 4 --steps 20 --log-every 1 --seed 0 --sample 0"
+else                                   # L hidden layers and the output layer
+  TRAIN=examples/mnist/train.py
+  FLAGS="--device GPU --data synthetic --layers $((STAGES > 2 ? 2 * STAGES - 1 : 3)) --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
+fi
+FLAGS="$FLAGS $PRECISION $DEFER"
+WORKERS=$((STAGES * REPLICAS)) LAYOUT="--stages $STAGES --data-parallel $REPLICAS"
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
 for schedule in $SCHEDULES; do
@@ -53,9 +61,9 @@ if [ "$GRAPH" = --one-graph ]; then   # the reference runs as the pipelines do
 fi
 differ=""                              # every schedule runs; those that differ are named at the end
 for schedule in $SCHEDULES; do
-  echo "\$ msrun --worker_num=2 --local_worker_num=2 --join=True $TRAIN $FLAGS --stages 2 --schedule $schedule $GRAPH --save $OUT/$schedule"
-  msrun --worker_num=2 --local_worker_num=2 --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
-    --join=True $TRAIN $FLAGS --stages 2 --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
+  echo "\$ msrun --worker_num=$WORKERS --local_worker_num=$WORKERS --join=True $TRAIN $FLAGS $LAYOUT --schedule $schedule $GRAPH --save $OUT/$schedule"
+  msrun --worker_num=$WORKERS --local_worker_num=$WORKERS --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
+    --join=True $TRAIN $FLAGS $LAYOUT --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
   python benchmarks/compare_runs.py "$OUT/$REF/model.ckpt" "$OUT/$REF.log" \

@@ -62,6 +62,8 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "multiplies in float32 whatever it is set to: drop --tf32\n"),
     (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "--model", "bert"],   # (checked before
      "error: --model bert: use mlp or gpt\n"),                                       # it makes the folder)
+    (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "--layout", "1x1"],
+     "error: --layout 1x1: use PxD (stages x replicas) of 2 or more GPUs, e.g. 2x2\n"),
     (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "pipedream"],
      "error: unknown schedule 'pipedream': use one of gpipe 1f1b interleaved-1f1b zb-h1 zb-v dualpipe-v\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--batch-size", "30", "--micro-batches", "4"],
