@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_checks.sh [OUT_DIR [--layout PxD] [--model gpt] [--one-graph] [--defer-wgrad] [--precision fp16] [SCHEDULE...]]
 # (P x D GPUs and msrun.) Default: 2 stages (2x1), the 3 x 256 MLP, every schedule.
 # --layout PxD: P stages x D replicas (their gradients all-reduced over NCCL); with P > 2
-# the model is deepened to 2P layers, the V schedules' two chunks per rank. --model gpt trains the GPT
+# the model is deepened to 2P layers (the V schedules' two chunks per rank) and the batch
+# split into 2P micro-batches (DualPipeV's least). --model gpt trains the GPT
 # example instead (2 blocks of width 64: a (hidden, int32 mask) tuple between the stages,
 # sequences of two lengths, the (sum, count) token loss, the head tied to the embedding,
 # Adam). --one-graph runs the pipelines as one graph per step, against one GPU's one graph
@@ -32,12 +33,13 @@ while [[ "${1:-}" == --* ]]; do
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
+MICRO=$((STAGES > 2 ? 2 * STAGES : 4))
 if [ "$MODEL" = gpt ]; then            # the embedding, L blocks, the head
   TRAIN=examples/gpt/train.py
-  FLAGS="--device GPU --layers $((STAGES > 2 ? 2 * STAGES - 2 : 2)) --width 64 --batch-size 16 --micro-batches 4 --steps 20 --log-every 1 --seed 0 --sample 0"
+  FLAGS="--device GPU --layers $((STAGES > 2 ? 2 * STAGES - 2 : 2)) --width 64 --batch-size 16 --micro-batches $MICRO --steps 20 --log-every 1 --seed 0 --sample 0"
 else                                   # L hidden layers and the output layer
   TRAIN=examples/mnist/train.py
-  FLAGS="--device GPU --data synthetic --layers $((STAGES > 2 ? 2 * STAGES - 1 : 3)) --hidden 256 --batch-size 64 --micro-batches 4 --steps 20 --log-every 1 --seed 0"
+  FLAGS="--device GPU --data synthetic --layers $((STAGES > 2 ? 2 * STAGES - 1 : 3)) --hidden 256 --batch-size 64 --micro-batches $MICRO --steps 20 --log-every 1 --seed 0"
 fi
 FLAGS="$FLAGS $PRECISION $DEFER"
 WORKERS=$((STAGES * REPLICAS)) LAYOUT="--stages $STAGES --data-parallel $REPLICAS"
