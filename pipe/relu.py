@@ -6,7 +6,7 @@ That output is the next layer's input, kept anyway, so the ReLU keeps nothing of
 unless it is the chunk's last layer or a dropout (which keeps its mask) follows. Its
 backward is the one kernel autograd runs (ReluGrad at the output): differentiating the
 layer at y would run relu(y) again first, a second kernel per ReLU and micro-batch, which
-a small model's step pays in host time (docs/performance.md).
+a small model's step pays in host time (benchmarks/log.md section 59).
 """
 from mindspore import nn
 from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU backward
