@@ -33,15 +33,14 @@ while [[ "${1:-}" == --* ]]; do
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
-MICRO=$((STAGES > 2 ? 2 * STAGES : 4))
 if [ "$MODEL" = gpt ]; then            # the embedding, L blocks, the head
   TRAIN=examples/gpt/train.py
-  FLAGS="--device GPU --layers $((STAGES > 2 ? 2 * STAGES - 2 : 2)) --width 64 --batch-size 16 --micro-batches $MICRO --steps 20 --log-every 1 --seed 0 --sample 0"
+  FLAGS="--layers $((STAGES > 2 ? 2 * STAGES - 2 : 2)) --width 64 --batch-size 16 --sample 0"
 else                                   # L hidden layers and the output layer
   TRAIN=examples/mnist/train.py
-  FLAGS="--device GPU --data synthetic --layers $((STAGES > 2 ? 2 * STAGES - 1 : 3)) --hidden 256 --batch-size 64 --micro-batches $MICRO --steps 20 --log-every 1 --seed 0"
+  FLAGS="--data synthetic --layers $((STAGES > 2 ? 2 * STAGES - 1 : 3)) --hidden 256 --batch-size 64"
 fi
-FLAGS="$FLAGS $PRECISION $DEFER"
+FLAGS="--device GPU $FLAGS --micro-batches $((STAGES > 2 ? 2 * STAGES : 4)) --steps 20 --log-every 1 --seed 0 $PRECISION $DEFER"
 WORKERS=$((STAGES * REPLICAS)) LAYOUT="--stages $STAGES --data-parallel $REPLICAS"
 ALL=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 SCHEDULES=${*:-$ALL}
