@@ -20,7 +20,8 @@ from pipe.core.chunk import (Backward, Forward, KeepInput, LayerGrad, arguments,
                              last_first, leaves, residual_indices)
 from pipe.dropout import Masks, is_dropout
 from pipe.normalized_loss import LossTerm
-from pipe.precision import GradAsFloat16, LogitsAsFloat32, keeps_float32_input, to_half
+from pipe.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients, keeps_float32_input,
+                            to_half)
 from pipe.predict import Infer
 from pipe.relu import is_relu
 from pipe.split_backward import split_cells
@@ -55,6 +56,7 @@ class Chunk:
         self.masks = Masks(self.layers, self.named)    # dropout's, per input spec
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
         self.training = None                           # the mode the layers are in
+        self.float16_grads = float16_gradients(self.layers, self.params) if half else ()
         if half:
             to_half(self.layers)
 

@@ -2,7 +2,8 @@
 
 Core's Config (stages, replicas, micro-batches, batch size, schedule, device) and what the
 features add, each with its default. `defer_wgrad` and `one_graph` left None are chosen by
-pipe, for speed, at the first step (pipe.defaults); both train the same bits either way.
+pipe, for speed, at the first step (pipe.defaults). Every choice trains one process's model:
+in fp32 to float32 round-off, in fp16 to float16 round-off with the same skipped steps.
 """
 import re
 from dataclasses import dataclass, fields

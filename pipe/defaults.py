@@ -1,33 +1,16 @@
 """What pipe chooses when a config leaves `defer_wgrad` or `one_graph` to it (None, the default).
 
-Either way a step trains the same bits (tests/test_transparency.py); the choices differ in
-speed and memory, as measured on 2 x H200 (docs/performance.md) and on 2 CPU cores:
+The choices change speed and memory, never the model trained: every mode trains one
+process's model, in fp32 to float32 round-off, in fp16 to float16 round-off with the same
+skipped steps (pipe.precision). The rules, chosen by measurement (docs/performance.md,
+"pipe's choices"):
 
-- Deferred W computes each layer's weight gradient once per step, as one matrix product
-  over the rows of all M micro-batches, not as M thin products each added into the sum:
-  the large MLP's ZB-V step fell from 109.8 to 85.1 ms, the small one's is unchanged. Its
-  cost is memory (every micro-batch keeps its layers' inputs and output gradients until
-  the flush). For anything but a Dense the gain is launches only: W differentiates a
-  layer's weights again at its kept input, and with the GPT example's blocks cut into
-  pieces of one product each (docs/models.md) and a norm's W taken in I, joining the
-  GPT's rows copies them at about the time the launches it saves took. On one H200 at
-  M=4, in turn with W per micro-batch, deferring measured 0.94x (twice), 0.987x and
-  1.009x in fp16 as one graph, where the step is bound by launching kernels, 1.001x in
-  fp32; in the loop 0.988x (fp32) and 1.06x (fp16); at 1.45x the peak memory (a whole
-  block in one construct: 1.6x slower). Across two H200s (1F1B, fp16 as one graph, M=4)
-  it measured 1.12-1.18x W per micro-batch: each stage's W, all at the step's end, where
-  per micro-batch it ran in 1F1B's order. So pipe defers unless the config says memory is
-  short (`recompute`), a layer holds buffers (batch norm: its gradient over all rows would use their joint
-  statistics), or a layer with weights is not an nn.Dense and the step is not one stage's
-  fp16 graph (fp16 always runs as one graph unless the config says otherwise).
-- One graph per step takes away the host's 0.2-0.5 ms per action: 7.9 -> 3.4 ms for the
-  small MLP on 2 GPUs, 2x on CPU, and in fp16 the weights are cast once per step, not once
-  per action (the large MLP: 66.6 -> 39.1 ms). On one GPU it was as fast as the loop or
-  faster at every size measured (4 to 275 GFLOP per action). With messages between stages
-  in fp32, where an action is long enough to hide the host, it measured slower (the large
-  MLP on 2 GPUs, 69 GFLOP per action: 110 against 85 ms), so there pipe keeps the
-  per-action loop. Both ways run the same handlers (pipe.actions), so every feature
-  runs in either.
+- W deferred to the flush (one product per layer over every micro-batch's rows) unless the
+  config says memory is short (`recompute`), a layer holds buffers (batch norm), or a
+  layer with weights is not an nn.Dense outside one stage's fp16 graph, where deferring
+  saves no launches worth its copies.
+- The step as one graph unless it runs in fp32 on GPUs with messages between stages and
+  each action is long enough (HOST_BOUND_FLOPS) to hide the host's cost per call.
 """
 import math
 
@@ -42,9 +25,8 @@ __all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "is_fp16_
 
 LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
 
-# Below this many floating-point operations per action, an fp32 action runs on an H200 in
-# about the host's 0.2-0.5 ms per call: the step is host-bound. (Measured on 2 GPUs: 0.13
-# GFLOP, the small MLP, one graph 2x faster; 69 GFLOP, the large, one graph slower.)
+# Below this many floating-point operations per action, the host's 0.2-0.5 ms per call
+# bounds an fp32 step on a GPU.
 HOST_BOUND_FLOPS = 1e10
 
 

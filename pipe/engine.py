@@ -22,7 +22,7 @@ from pipe.actions import Actions
 from pipe.batchnorm import average_buffers
 from pipe.clip import clip_by_global_norm
 from pipe.compiled import Compiled
-from pipe.core.engine import Engine, as_tensor, split
+from pipe.core.engine import Engine, as_tensor, split, sum_over
 from pipe.deadlines import connect
 from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
 from pipe.dropout import draws
@@ -32,7 +32,7 @@ from pipe.memory import Memory
 from pipe.normalized_loss import TokenCount, loss_sum
 from pipe.precision import LossScaler, set_matmul_precision
 from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
-from pipe.tied import fold_repeats, sum_gradients
+from pipe.tied import fold_repeats, sum_copies
 from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError"]
@@ -75,7 +75,8 @@ class PipelineEngine(Engine):
         self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.trace.Tracer records a timeline when set
-        self.scaler = LossScaler(config.loss_scale, config.loss_scale_window) \
+        self.scaler = LossScaler(config.loss_scale, config.loss_scale_window,
+                                 [h for chunk in self.chunks for h in chunk.float16_grads]) \
             if config.precision == "fp16" else None     # (pipe.precision)
 
     def build(self, model, loss_fn):
@@ -189,25 +190,21 @@ class PipelineEngine(Engine):
         return self.scaler.inverse() if graph.unscale is not None else ()
 
     def update_weights(self, grads):
-        """Unscale (fp16), sum over tied copies and replicas, clip, step."""
+        """Sum over the replicas, unscale (fp16), sum tied copies, clip, step."""
         with self.watch.at("the all-reduce of the gradients and the optimizer's step"):
-            if self.scaler:
+            with self.span("all-reduce"):     # the whole batch's gradients, per chunk
+                grads = sum_over(self.wire, grads, self.topo.data_parallel_ranks(self.stage))
+            if self.scaler:                   # checked as one process's whole-batch step would be
                 grads, finite = self.scaler.unscale(self.wire, grads)
                 if not finite:           # a gradient overflowed on some rank: all skip the step
                     return
-            grads = self.reduce(grads)
+            if self.layout.repeats:      # a weight two of this rank's chunks hold: summed
+                grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
+            grads = sum_copies(self.wire, grads, self.layout.copies)
             if self.config.clip_grad_norm:
                 grads = clip_by_global_norm(self.wire, grads, self.norm_once, self.config.clip_grad_norm,
                                             tuple(range(self.wire.size)), self.config.data_parallel)
             self.update(ms.mutable(grads))
-
-    def reduce(self, grads):
-        """Over the replicas, and a tied weight's over every rank that holds a copy."""
-        if self.layout.repeats:          # a weight two of this rank's chunks hold: summed
-            grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
-        with self.span("all-reduce"):
-            return sum_gradients(self.wire, grads, self.topo.data_parallel_ranks(self.stage),
-                                 self.layout.tied)
 
     def step_loss(self, losses, weight):
         """The step's loss on every rank: every rank's losses summed, x `weight`; batch

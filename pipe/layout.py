@@ -75,12 +75,17 @@ class Layout:
         return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
     @cached_property
+    def copies(self):
+        """{index in `params`: the ranks of this replica holding a copy} of each tied weight."""
+        return {k: tuple(r for r in ranks if self.topo.replica_of(r) == self.replica)
+                for k, ranks in self.tied.items()}
+
+    @cached_property
     def norm_once(self):
         """Per parameter: whether this rank adds it to the global gradient norm (a tied
         weight on only one rank of its replica)."""
-        return [k not in self.tied or self.rank == min(
-            r for r in self.tied[k] if self.topo.replica_of(r) == self.replica)
-            for k in range(len(self.params))]
+        return [k not in self.copies or self.rank == min(self.copies[k])
+                for k in range(len(self.params))]
 
     def describe(self):
         """The layout a checkpoint records in its meta.json (resuming may use another)."""

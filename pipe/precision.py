@@ -2,29 +2,19 @@
 
 With precision="fp16" every layer computes in float16 (`Cell.to_float`: its parameters
 stay float32, cast as the graph reads them), so activations and their gradients cross the
-stages in float16, half the bytes. Weight gradients come out float32 (the cast's gradient)
-and are summed over micro-batches in float32; the optimizer steps float32 weights. Batch
-norm keeps float32, as MindSpore's own mixed precision does: its moving statistics are
-float32 parameters that the layer updates in place.
+stages in float16. Weight gradients come out float32 (the cast's gradient) and are summed
+over micro-batches and replicas in float32; the optimizer steps float32 weights. Batch
+norm keeps float32, as MindSpore's own mixed precision does.
 
-The model's logits are cast to float32 for the loss, which is computed and reported in
-float32. Its gradient would underflow in float16 (a token's share of a mean is tiny), so
-it is multiplied by the loss scale S while still float32 (core's start gradient, x S/(M D)),
-then cast to float16 for the layers' backward. Every gradient is then S times too large:
-`LossScaler.unscale` divides it back, and one all-reduce of an overflow flag over every
-rank tells all stages and replicas whether any gradient became inf or nan. If one did,
-every rank skips the step and halves S; after `window` clean steps S doubles. That is the
-rule of MindSpore's DynamicLossScaleUpdateCell and torch's GradScaler; S starts at 2**16,
-GradScaler's start (MindSpore's DynamicLossScaleManager starts at 2**24, which overflows
-float16 on its first steps).
+The logits are cast to float32 for the loss; its gradient is multiplied by the loss scale
+S while still float32, then cast to float16 for the layers' backward. `LossScaler.unscale`
+divides every gradient by S and decides, with one all-reduce over every rank, whether the
+step overflowed exactly where one process's fp16 step on the whole batch would (`Unscale`):
+then every rank skips the step and halves S; after `window` clean steps S doubles, the rule
+of MindSpore's DynamicLossScaleUpdateCell and torch's GradScaler. S starts at 2**16.
 
-The cost: each compiled call casts its layers' weights to float16 again (per micro-batch
-in the per-action loop; once per step as one graph, where the compiler merges the casts),
-which at float16 speed is a large share of a step (benchmarks/log.md section 18).
-
-TF32 is the other trade: with `tf32` (GPU only) float32 matrix products round their inputs
-to a 10-bit mantissa on the tensor cores; weights, gradients and everything else stay
-float32. It is the user's choice, never pipe's: the config sets MindSpore's switch.
+TF32 (GPU only) is the user's choice, never pipe's: float32 products round their inputs
+to a 10-bit mantissa on the tensor cores; the config sets MindSpore's switch.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -32,8 +22,8 @@ from mindspore import nn, ops
 from pipe.compiled import Compiled
 from pipe.relu import is_relu
 
-__all__ = ["LossScaler", "LogitsAsFloat32", "GradAsFloat16", "keeps_float32_input", "to_half",
-           "check_layer_precision", "set_matmul_precision"]
+__all__ = ["LossScaler", "Unscale", "float16_gradients", "LogitsAsFloat32", "GradAsFloat16",
+           "keeps_float32_input", "to_half", "check_layer_precision", "set_matmul_precision"]
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -102,38 +92,54 @@ def keeps_float32_input(layers, i):
     return is_relu(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
 
 
+FLOAT16_INF = 65520.0    # the smallest magnitude float16 rounds to inf (65504 + half its step)
+
+
+def float16_gradients(chunk_layers, params):
+    """Per parameter: whether one process's fp16 step makes its gradient as a float16
+    product (every layer's but a batch norm's, which computes in float32)."""
+    kept = {id(p) for layer in chunk_layers for cell in norms(layer) for p in cell.trainable_params()}
+    return tuple(id(p) not in kept for p in params)
+
+
 class Unscale(nn.Cell):
-    """(gradients, 1/S) -> (each x 1/S, 1.0 if any is inf or nan else 0.0), one graph.
+    """(gradients, 1/S) -> (each x 1/S, 1.0 if the step overflowed else 0.0), one graph.
 
-    The check sums each gradient and asks whether the sum of those sums is finite: an inf
-    or a nan anywhere makes it inf or nan. A sum of finite gradients does not overflow
-    float32: the scaled gradients come back through float16 layers (an element above 65504
-    is inf there), and float32 holds 3.4e38. One reduction per gradient and one check,
-    where `isfinite(g).all()` per gradient ran three to four kernels: on a GPU this check
-    is the step's tail of tiny kernels, bound by the host launching them one by one.
+    The step overflowed where one process's fp16 step on the whole batch would: a gradient
+    holds an inf or a nan, or one that process makes as a float16 product (`half[i]`) is
+    at least FLOAT16_INF x 1/S once unscaled. pipe sums micro-batches and replicas in
+    float32, so a whole-batch gradient beyond float16's range stays finite here while the
+    single process's float16 product rounds it to inf: this check turns it into the same
+    overflow, whatever the schedule, `defer_wgrad` or layout.
 
-    It sums the unscaled gradients, not the scaled ones: dividing by S >= 1 keeps an inf
-    or a nan and makes no finite value infinite, and with the check reading each product
-    MindSpore's scheduler runs each multiply as soon as its gradient is made, while the
-    gradient is still in cache, as in MindSpore's own loss-scaled step. (Summing the
-    scaled gradients left every multiply to the end of the backward.)"""
+    Inf and nan come from one sum per gradient (an inf or a nan anywhere makes the sum of
+    sums inf or nan), the range from one peak per float16 gradient."""
+
+    def __init__(self, half=()):
+        super().__init__()
+        self.half = tuple(half)
 
     def construct(self, grads, inverse):
-        unscaled, sums = (), ()
-        for g in grads:
-            g = g * inverse
+        unscaled, sums, peaks = (), (), ()
+        for i in range(len(grads)):
+            g = grads[i] * inverse
             unscaled, sums = unscaled + (g,), sums + (g.sum(),)
-        finite = ops.isfinite(ops.addn(sums))
-        return unscaled, ops.logical_not(finite).astype(ms.float32).reshape(1)
+            if i < len(self.half) and self.half[i]:
+                peaks = peaks + (ops.abs(g).max(),)
+        overflow = ops.logical_not(ops.isfinite(ops.addn(sums)))
+        if peaks:
+            overflow = ops.logical_or(overflow, ops.stack(peaks).max() >= FLOAT16_INF * inverse)
+        return unscaled, overflow.astype(ms.float32).reshape(1)
 
 
 class LossScaler:
     """The loss scale S, and what it does each step (see the module's docstring)."""
 
-    def __init__(self, value, window):
+    def __init__(self, value, window, half=()):
+        """`half`: per gradient the step sums, whether it is a float16 product (Unscale)."""
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth
-        self.unscale_cell = Compiled(Unscale())
+        self.unscale_cell = Compiled(Unscale(half))
         self.inverse_of = None           # (S, 1/S as a tensor), made anew when S moves
 
     def inverse(self):

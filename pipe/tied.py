@@ -6,10 +6,9 @@ Two chunks of one rank (the V of zb-v and dualpipe-v puts the first and last lay
 rank 0) share the one Parameter: the optimizer steps it once, from both chunks' gradients.
 """
 from pipe.builders import LayerBuilders
-from pipe.core.engine import sum_over
 from pipe.partition import whole_model_names
 
-__all__ = ["tied_weights", "sum_gradients", "fold_repeats"]
+__all__ = ["tied_weights", "sum_copies", "fold_repeats"]
 
 
 def tied_weights(model, bounds, params, ranks_of_stage):
@@ -43,13 +42,10 @@ def fold_repeats(grads, positions, count):
     return tuple(folded)
 
 
-def sum_gradients(wire, grads, replica_ranks, tied):
-    """`grads` summed over `replica_ranks` as one flat buffer; `tied[k]`: the ranks that
-    hold a copy of weight k (its replicas included), summed over those instead."""
+def sum_copies(wire, grads, copies):
+    """`copies[k]`: the ranks of this replica that hold a copy of weight k; its gradient
+    summed over them (the replicas' sums are already in each)."""
     grads = list(grads)
-    plain = [k for k in range(len(grads)) if k not in tied]
-    for k, summed in zip(plain, sum_over(wire, [grads[k] for k in plain], replica_ranks)):
-        grads[k] = summed
-    for k, ranks in tied.items():
+    for k, ranks in copies.items():
         grads[k] = wire.all_reduce(grads[k], ranks)
     return tuple(grads)

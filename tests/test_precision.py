@@ -2,11 +2,13 @@
 same recipe, MindSpore's own `to_float` and DynamicLossScaleUpdateCell, step by step.
 
 Every layer computes in float16 on float32 weights; the loss is float32, its gradient
-scaled by S. The runs start at S = 2**14, which no clean step overflows; in ZB-V 2x2 with
-deferred W one input of step 3 (in replica 0's rows) makes the first layer's weight
-gradient overflow on that one rank (stage 0, replica 0, its V's first chunk): every rank
-must skip that step and halve S with the single process. The tolerances are float16's:
-whole-batch and micro-batch products round differently, 1e-3 of a weight's change.
+scaled by S. The runs start at S = 2**14, which no clean step overflows. In the overflow
+runs step 3's whole batch makes the first layer's weight gradient overflow in one
+process's float16 product while each micro-batch's and each replica's fits
+(mlp_run.batches): every mode, the loop and one graph, W deferred or per micro-batch, on
+1x1, 2x1, 2x2 and ZB-V, must skip that step on every rank and halve S as the single
+process does. The tolerances are float16's: whole-batch and micro-batch products round
+differently, 1e-3 of a weight's change.
 """
 import numpy as np
 import pytest
@@ -25,9 +27,16 @@ ms.set_device("CPU")
 SEED, SCALE = 7, 2.0 ** 14
 CASES = {"1f1b-2x1": dict(schedule="1f1b", stages=2),
          "gpipe-3x1": dict(schedule="gpipe", stages=3),
+         "one-graph-1f1b-2x1": dict(schedule="1f1b", stages=2, one_graph=True),
+         "overflow-1x1": dict(schedule="1f1b", stages=1),
+         "overflow-one-graph-1x1": dict(schedule="1f1b", stages=1, one_graph=True),
+         "overflow-1f1b-2x1": dict(schedule="1f1b", stages=2),
+         "overflow-zb-v-2x1": dict(schedule="zb-v", stages=2),
+         "overflow-one-graph-defer-wgrad-1f1b-2x2": dict(schedule="1f1b", stages=2, data_parallel=2,
+                                                         one_graph=True, defer_wgrad=True),
          "overflow-zb-v-defer-wgrad-2x2": dict(schedule="zb-v", stages=2, data_parallel=2,
-                                               defer_wgrad=True),
-         "one-graph-1f1b-2x1": dict(schedule="1f1b", stages=2, one_graph=True)}
+                                               defer_wgrad=True)}
+OVERFLOWS = [name for name in CASES if name.startswith("overflow")]
 
 
 def matrix(root):
@@ -60,11 +69,13 @@ def test_fp16_pipeline_equals_one_process(trained, plain, name):
     assert_same_run(trained, name, plain["clean"])
 
 
-def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(trained, plain):
-    """ZB-V 2x2 with W deferred: steps 1-2 as one process's, step 3's weights stay as they
-    were everywhere, S halves, training goes on as one process's."""
+@pytest.mark.parametrize("name", OVERFLOWS)
+def test_a_step_whose_whole_batch_overflows_is_skipped_in_every_mode(trained, plain, name):
+    """Steps 1-2 as one process's; step 3's weights stay as they were on every rank
+    (stage 1's gradients fit: it skips on stage 0's flag), S halves, training goes on as
+    one process's."""
     assert plain["overflow"][2] == [SCALE, SCALE, SCALE / 2, SCALE / 2]
-    assert_same_run(trained, "overflow-zb-v-defer-wgrad-2x2", plain["overflow"])
+    assert_same_run(trained, name, plain["overflow"])
 
 
 def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
@@ -75,7 +86,7 @@ def test_one_graph_in_float16_is_bitwise_the_per_action_loop(trained):
 
 
 def test_activations_cross_the_stages_in_float16_and_gradients_sum_in_float32(trained):
-    for name in CASES:
+    for name in (n for n, c in CASES.items() if c["stages"] > 1):
         for rank, result in results(trained / f"fp16-{name}").items():
             assert result["wire_dtypes"] == ["Float16"], (name, rank)
             assert result["grad_dtypes"] == ["Float32"], (name, rank)
@@ -105,16 +116,18 @@ def test_a_resumed_run_goes_on_with_the_saved_loss_scale(tmp_path):
     assert resumed.scaler.value == 64.0
 
 
-@pytest.mark.parametrize("bad,flag", [(None, 0.0), (np.inf, 1.0), (-np.inf, 1.0), (np.nan, 1.0),
-                                      (6.5e4 * 2 ** 16, 0.0)])   # (float16's largest, x S: finite)
-def test_the_overflow_flag_is_any_inf_or_nan_in_any_gradient(bad, flag):
-    """Unscale: every gradient x 1/S, and the flag from one sum per gradient: an inf or a nan
-    anywhere raises it; a large finite gradient does not."""
+@pytest.mark.parametrize("bad,where,flag", [
+    (None, 0, 0.0), (np.inf, 1, 1.0), (-np.inf, 1, 1.0), (np.nan, 1, 1.0),
+    (65519.0, 0, 0.0), (-65520.0, 0, 1.0), (1e6, 1, 0.0)])
+def test_the_overflow_flag_is_an_inf_a_nan_or_a_float16_gradient_beyond_float16(bad, where, flag):
+    """Unscale at S = 2: an inf or a nan anywhere raises the flag, and so does a float16
+    product's gradient (the first) whose scaled value float16 rounds to inf (65520 and
+    above); a float32 gradient (the second) may hold any finite value."""
     grads = [np.ones((3, 4), np.float32), np.full(5, 2.0, np.float32)]
     if bad is not None:
-        grads[1][3] = bad
-    unscaled, overflow = Unscale()(ms.mutable(tuple(ms.Tensor(g) for g in grads)),
-                                    ms.Tensor(0.5, ms.float32))
+        grads[where].reshape(-1)[3] = bad
+    unscaled, overflow = Unscale(half=(True, False))(
+        ms.mutable(tuple(ms.Tensor(g) for g in grads)), ms.Tensor(0.5, ms.float32))
     assert overflow.asnumpy().tolist() == [flag]
     if bad is None:
         np.testing.assert_array_equal(unscaled[1].asnumpy(), np.ones(5, np.float32))
