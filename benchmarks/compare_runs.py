@@ -10,7 +10,7 @@ import sys
 import mindspore as ms
 import numpy as np
 
-from pipe.cli import Parser, existing_file
+from pipe.ops.cli import Parser, existing_file
 
 
 def losses(log):

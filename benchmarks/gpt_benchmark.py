@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 import model as gpt  # noqa: E402  (the example's own module)
 from benchmark import peak_memory, set_tf32  # noqa: E402
 from timing import add_turn_flags, median_windows, turn  # noqa: E402
-from pipe import cli  # noqa: E402
-from pipe.builders import LayerBuilders  # noqa: E402
-from pipe.cli import (Parser, add_memory_plan_flag, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
+from pipe.ops import cli  # noqa: E402
+from pipe.features.builders import LayerBuilders  # noqa: E402
+from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
                       precision_name, use_device)
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402

@@ -18,7 +18,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from pipe.cli import Parser, existing_file
+from pipe.ops.cli import Parser, existing_file
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "tokens_per_s",
            "mfu", "speedup", "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB",

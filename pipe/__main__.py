@@ -15,9 +15,9 @@ With `--defer-wgrad` every schedule runs its weight gradients at the flush (`W*`
 import sys
 
 from pipe import schedules
-from pipe.cli import Parser
+from pipe.ops.cli import Parser
 from pipe.config import PipelineConfig, as_flags
-from pipe.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
+from pipe.ops.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
                             measured_costs, simulate)
 
 

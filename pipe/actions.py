@@ -3,7 +3,7 @@
 The engine runs a step's lowered action list (F, B, I, W, send, receive) in one of two
 ways, with the same handlers below:
 
-    the loop (one_graph off)               the step as one graph (pipe.step_graph)
+    the loop (one_graph off)               the step as one graph (pipe.fast.step_graph)
     for action in actions.program:         def construct(...):     # compiled, one call
         state = actions.run(state,             for action in actions.program:
                             action, data)          state = actions.run(state, action, data)
@@ -22,10 +22,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe import recompute
-from pipe.core.chunk import arguments, variable, with_sums
-from pipe.core.schedule import message_key, message_tag
-from pipe.core.wire import MindSporeWire, Parts, carrier, elements, travels
+from pipe.features import recompute
+from pipe.layers import arguments, variable, with_sums
+from pipe.schedule import message_key, message_tag
+from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
 
 __all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
@@ -110,7 +110,7 @@ class Actions(nn.Cell):
         self.backwards = each(lambda c: c.backward_cell)
         self.input_grads = each(lambda c: c.input_grad_cell)
         self.weight_grads = each(lambda c: c.weight_grad_cell)
-        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.batchnorm)
+        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.features.batchnorm)
         self.infers = each(lambda c: c.infer_cell)
         self.infer = infer
         self.weight_inputs = tuple(c.weight_inputs for c in chunks)
@@ -131,7 +131,7 @@ class Actions(nn.Cell):
 
     def start(self, kept, waiting):
         """A step's state: nothing in flight yet; `kept` and `waiting`, the empty stores
-        of what waits for a backward piece (the loop's count bytes: pipe.memory);
+        of what waits for a backward piece (the loop's count bytes: pipe.ops.memory);
         `outputs`, what the model's last chunk gives: its losses (its outputs, predicting)."""
         return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "outputs": (),
                 "sent": self.token, "done": self.token}
@@ -170,7 +170,7 @@ class Actions(nn.Cell):
         y = labels[mb] if self.last[c] else self.no_labels
         out, residuals = self.forwards[c](x, y, scale, masks[unit])
         state["done"] = self.order(state["done"], out)
-        if self.recompute:                       # only the input waits (pipe.recompute)
+        if self.recompute:                       # only the input waits (pipe.features.recompute)
             state["kept"][unit] = (x, y, masks[unit])
         else:                                    # the residuals, and the loss gradient
             state["kept"][unit] = (residuals, out[1] if self.last[c] else None)

@@ -1,29 +1,25 @@
-"""The chunk pipe runs: one virtual stage's layers and the compiled cells that run them.
+"""A chunk: one virtual stage's layers and the compiled cells the action handlers call.
 
-A chunk holds no step's state (pipe.actions keeps what is in flight). It is its layers,
-their parameters and buffers, and the compiled cells the action handlers call: F
-(`forward_cell`), B (`backward_cell`), I and W (`input_grad_cell`, `weight_grad_cell`:
-pipe.split_backward) and forward-only inference (`infer_cell`), all built from core's
-cells (pipe.core.chunk), each called as one compiled graph (pipe.compiled). Which piece
-runs layer i is chosen in one place, `forward_piece` and `backward_piece`, a list of
-guards: a ReLU that keeps a float32 input in fp16 (pipe.precision), a dropout keeping its
-mask (pipe.dropout), a ReLU keeping its output (pipe.relu), else the layer keeping its
-input; the model's last layer in fp16 hands the loss float32 logits. The loss a backward
-starts from is `loss_fn`'s scalar or the sum of its (sum, count) (pipe.normalized_loss).
+A chunk holds no step's state (pipe.actions keeps what is in flight): it is its layers,
+their parameters and buffers, and its cells, built from pipe.layers and each called as one
+compiled graph (pipe.compiled): F (`forward_cell`), B (`backward_cell`), I and W
+(`input_grad_cell`, `weight_grad_cell`: pipe.split_backward) and inference (`infer_cell`).
+Which piece runs layer i is chosen in one place, `forward_piece` and `backward_piece`: a
+list of guards, one per feature that changes what a layer keeps (precision, dropout, ReLU).
 """
 import mindspore as ms
 
-from pipe import dropout, relu
-from pipe.batchnorm import Buffers, buffers_of
+from pipe.features import dropout, relu
+from pipe.features.batchnorm import Buffers, buffers_of
 from pipe.compiled import Compiled
-from pipe.core.chunk import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
+from pipe.layers import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
                              last_first, leaves, residual_indices)
-from pipe.dropout import Masks, is_dropout
-from pipe.normalized_loss import LossTerm
-from pipe.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients, keeps_float32_input,
+from pipe.features.dropout import Masks, is_dropout
+from pipe.features.token_loss import LossTerm
+from pipe.features.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients, keeps_float32_input,
                             to_half)
-from pipe.predict import Infer
-from pipe.relu import is_relu
+from pipe.ops.predict import Infer
+from pipe.features.relu import is_relu
 from pipe.split_backward import split_cells
 
 __all__ = ["Chunk"]
@@ -32,7 +28,7 @@ __all__ = ["Chunk"]
 class Chunk:
     """`first_layer` is the chunk's place in the whole model: `named[k]`, (layer of the
     model, leaf within it) of leaf layer k, names its dropout masks and its errors.
-    `half`: its layers compute in float16 (pipe.precision)."""
+    `half`: its layers compute in float16 (pipe.features.precision)."""
 
     def __init__(self, layers, loss_fn=None, is_first=True, first_layer=0, half=False):
         self.named = [(first_layer + i, j) for i, layer in enumerate(layers)

@@ -1,15 +1,14 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message.
 
-Core's Config (stages, replicas, micro-batches, batch size, schedule, device) and what the
+The layout (stages, replicas, micro-batches, batch size, schedule, device) and what the
 features add, each with its default. `defer_wgrad` and `one_graph` left None are chosen by
-pipe, for speed, at the first step (pipe.defaults). Every choice trains one process's model:
+pipe, for speed, at the first step (pipe.fast.defaults). Every choice trains one process's model:
 in fp32 to float32 round-off, in fp16 to float16 round-off with the same skipped steps.
 """
 import re
 from dataclasses import dataclass, fields
 from typing import Optional, Union
 
-from pipe.core.config import Config
 from pipe.schedules import CHUNKS_PER_STAGE
 
 __all__ = ["PipelineConfig", "as_flags"]
@@ -30,15 +29,21 @@ def _flag(match):
 
 
 @dataclass
-class PipelineConfig(Config):
+class PipelineConfig:
+    stages: int = 1                      # P: pipeline depth, one stage per rank
+    data_parallel: int = 1               # D: pipeline replicas, each fed B/D samples
+    micro_batches: int = 1               # M: micro-batches per replica per step
+    batch_size: int = 1                  # B: global mini-batch per step
+    schedule: str = "1f1b"               # one of pipe.schedules.SCHEDULES
+    device: str = "CPU"                  # MindSpore device target: CPU, GPU or Ascend
     chunks_per_stage: Optional[int] = None   # v (None: pipe.schedules.CHUNKS_PER_STAGE's)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
     defer_wgrad: Optional[bool] = None   # weight gradients at the flush, over all micro-batches at once
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
-    one_graph: Optional[bool] = None     # run each step as one compiled graph (pipe.step_graph)
-    precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.precision)
+    one_graph: Optional[bool] = None     # run each step as one compiled graph (pipe.fast.step_graph)
+    precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.features.precision)
     tf32: bool = False                   # GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
     loss_scale_window: int = 2000        # fp16: clean steps before S doubles
@@ -75,8 +80,20 @@ class PipelineConfig(Config):
                              "positive finite number")
         if not isinstance(self.recompute, bool):
             raise ValueError(f"recompute={self.recompute!r} must be True or False")
-        for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.defaults)
+        for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.fast.defaults)
             if not isinstance(getattr(self, name), (bool, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True, False or None "
                                  "(pipe chooses)")
-        super().check()
+        self.check_layout()
+
+    def check_layout(self):
+        for name in ("stages", "data_parallel", "micro_batches", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        per_step = self.data_parallel * self.micro_batches
+        if self.batch_size % per_step:
+            raise ValueError(f"batch_size={self.batch_size} cannot be split over data_parallel="
+                             f"{self.data_parallel} replicas x micro_batches={self.micro_batches}: "
+                             f"it must be a multiple of {per_step}; try batch_size="
+                             f"{max(per_step, self.batch_size // per_step * per_step)}")

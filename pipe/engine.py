@@ -1,13 +1,13 @@
-"""The pipeline engine: core's engine (pipe.core.engine) with every feature plugged in.
+"""The pipeline engine: one rank's share of a training step, every feature a visible line.
 
     engine = PipelineEngine(model, loss_fn, make_optimizer, PipelineConfig(stages=2, ...))
     loss = engine.train_step(inputs, labels)    # the global mini-batch, same on every rank
 
 Every rank builds the same full model (same seed) or, given layer builders, only its own
-layers (pipe.builders); it keeps its stage's layers (pipe.layout) and walks its list of
+layers (pipe.features.builders); it keeps its stage's layers (pipe.layout) and walks its list of
 schedule actions (pipe.schedules): F, B, I, W and the messages between them, one call
 each (pipe.actions), or with `one_graph` the same handlers traced into one compiled graph
-(pipe.step_graph). `train_step` reads top to bottom; each feature is a line of it or a guard.
+(pipe.fast.step_graph). `train_step` reads top to bottom; each feature is a line of it or a guard.
 """
 import math
 import os
@@ -17,50 +17,64 @@ from dataclasses import replace
 
 import mindspore as ms
 
-from pipe import checkpoint, predict
+from pipe.ops import checkpoint, predict
 from pipe.actions import Actions
-from pipe.batchnorm import average_buffers
-from pipe.clip import clip_by_global_norm
+from pipe.features.batchnorm import average_buffers
+from pipe.features.clip import clip_by_global_norm
 from pipe.compiled import Compiled
-from pipe.core.engine import Engine, as_tensor, split, sum_over
-from pipe.deadlines import connect
-from pipe.defaults import LEFT, action_flops, announce, choose_graph, most_of
-from pipe.dropout import draws
-from pipe.handshake import StageCheck, agreed
+from pipe.batch import as_tensor, split
+from pipe.topology import Topology
+from pipe.wire import sum_over
+from pipe.ops.deadlines import connect
+from pipe.fast.defaults import LEFT, action_flops, announce, choose_graph, most_of
+from pipe.features.dropout import draws
+from pipe.ops.handshake import StageCheck, agreed, connect_stages
 from pipe.layout import plan
-from pipe.memory import Memory
-from pipe.normalized_loss import TokenCount, loss_sum
-from pipe.precision import LossScaler, set_matmul_precision
-from pipe.step_graph import StepGraph, replica_rows, updates_in_graph
-from pipe.tied import fold_repeats, sum_copies
-from pipe.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
+from pipe.ops.memory import Memory
+from pipe.features.token_loss import TokenCount, loss_sum
+from pipe.features.precision import LossScaler, set_matmul_precision
+from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
+from pipe.features.tied import fold_repeats, sum_copies
+from pipe.ops.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
-__all__ = ["PipelineEngine", "PipelineError"]
+__all__ = ["PipelineEngine", "PipelineError", "prepare_process"]
 
 
-class PipelineEngine(Engine):
+def prepare_process(config, wire):
+    """All the engine changes outside itself, here: an exception no one catches on one rank
+    ends every rank (its peers would wait on it); MindSpore writes a failed compile's report
+    under the temporary folder, not ./rank_<r>/om/; float32 products on GPU use TF32 exactly
+    when the config says so."""
+    if wire.size > 1:
+        end_job_on_uncaught(wire)
+    os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), f"pipe-compile-rank{wire.rank}"))
+    set_matmul_precision(config)
+
+
+class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training.
 
-    `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
+    `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
     `make_optimizer(params)` builds the optimizer over this rank's parameters. `wire`
-    overrides the launcher's (pipe.deadlines.connect); `sample`, one micro-batch of inputs,
+    overrides the launcher's (pipe.ops.deadlines.connect); `sample`, one micro-batch of inputs,
     is needed by partition="time" to time the layers.
     """
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         config.check()
-        config = replace(config)         # this engine's copy (pipe's choices go elsewhere: run_as, plan)
+        self.config = config = replace(config)     # this engine's copy; pipe's choices go elsewhere
+        self.loss_fn, self.sample = loss_fn, sample
         self.left = [name for name in LEFT if getattr(config, name) is None]
-        wire = wire or connect(config.device, config.timeout)
-        if wire.size > 1:                # peers must not wait on a rank that failed
-            end_job_on_uncaught(wire)
-        # MindSpore writes a failed compile's report under ./rank_<r>/om/ unless told otherwise.
-        os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(),
-                                                         f"pipe-compile-rank{wire.rank}"))
-        self.sample, self.loss_fn = sample, loss_fn
-        set_matmul_precision(config)     # TF32 on GPU only if asked (pipe.precision)
-        super().__init__(model, loss_fn, make_optimizer, config, wire)
-        self.update = Compiled(self.optimizer)     # (pipe.compiled: called as MindSpore's step is)
+        self.wire = wire or connect(config.device, config.timeout)
+        prepare_process(config, self.wire)
+        self.topo = Topology(config.stages, config.data_parallel)
+        self.topo.check_world_size(self.wire.size)
+        self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
+        self.layout = plan(model, loss_fn, config, self.wire, sample, self.left)
+        self.schedule, self.chunks = self.layout.schedule, self.layout.chunks
+        self.optimizer = make_optimizer(self.layout.params)
+        self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
+        self.step = 0                    # optimizer steps taken
         self.one_graph = self.update_in_graph = None   # how steps run (run_as; pipe's choice: choose)
         if config.one_graph is not None:
             self.run_as(config.one_graph)
@@ -74,14 +88,10 @@ class PipelineEngine(Engine):
         self.graphs = {}                 # batch shapes -> the same handlers as one graph
         self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
-        self.tracer = None               # a pipe.trace.Tracer records a timeline when set
+        self.tracer = None               # a pipe.ops.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window,
                                  [h for chunk in self.chunks for h in chunk.float16_grads]) \
-            if config.precision == "fp16" else None     # (pipe.precision)
-
-    def build(self, model, loss_fn):
-        self.layout = plan(model, loss_fn, self.config, self.wire, self.sample, self.left)
-        return self.layout.schedule, self.layout.chunks
+            if config.precision == "fp16" else None     # (pipe.features.precision)
 
     # ---- one training step ------------------------------------------------------------
     def train_step(self, inputs, labels):
@@ -110,7 +120,7 @@ class PipelineEngine(Engine):
     def loss_weight(self, count):
         """Each micro-batch's loss x this, summed, is the step's loss (the backward started
         from its gradient x this): `mean_weight`, or for a (sum, count) loss 1/`count`, the
-        global batch's, which the step counted on the device (pipe.normalized_loss). A count
+        global batch's, which the step counted on the device (pipe.features.token_loss). A count
         of 0 is 0 / 0: refused here, before the optimizer steps outside the graph; a graph
         that steps itself skipped the step in fp16 (its gradients overflowed) and took it in
         fp32, as one process would."""
@@ -131,7 +141,7 @@ class PipelineEngine(Engine):
         """This rank's actions, by the same handlers (pipe.actions) one by one or as one
         graph: (its losses' sum, the summed weight gradients of its chunks, in order (none
         when the graph stepped), whether the graph found a gradient overflowed (fp16
-        stepping inside it), a (sum, count) loss's count (pipe.normalized_loss), else None).
+        stepping inside it), a (sum, count) loss's count (pipe.features.token_loss), else None).
         `scale` is the loss gradient's, which a (sum, count) loss's count then divides."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         counter = self.token_counts[batch.shapes]
@@ -160,7 +170,7 @@ class PipelineEngine(Engine):
         return state
 
     def graph_inputs(self, graph, batch, masks, scale):
-        """Every input of the step's `graph` (pipe.step_graph.INPUTS): the replica's rows
+        """Every input of the step's `graph` (pipe.fast.step_graph.INPUTS): the replica's rows
         and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
         return (*replica_rows(batch), masks, scale, self.inverse_scale(graph), self.counted_labels(batch))
 
@@ -224,7 +234,7 @@ class PipelineEngine(Engine):
         return loss
 
     def dropout_masks(self, batch, p2p, drawn=True):
-        """Each micro-batch's dropout masks for each chunk, micro-batch first (pipe.dropout;
+        """Each micro-batch's dropout masks for each chunk, micro-batch first (pipe.features.dropout;
         `drawn` off: keeping every unit, for their shapes)."""
         if not any(chunk.masks.dropouts for chunk in self.chunks):    # no dropout: none to draw
             return ((),) * (len(batch.cut) * len(self.chunks))
@@ -232,7 +242,7 @@ class PipelineEngine(Engine):
         held = self.layout.virtual_stages_held
         masks = tuple(chunk.masks.of(p2p.specs[vs], step[m])
                       for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
-        return ms.mutable(masks) if any(masks) else masks     # (variables of the graph: pipe.dropout)
+        return ms.mutable(masks) if any(masks) else masks     # (variables of the graph: pipe.features.dropout)
 
     @property
     def defer_wgrad(self):
@@ -242,7 +252,7 @@ class PipelineEngine(Engine):
 
     @property
     def peak_bytes(self):
-        """The most activation bytes the loop held in flight at once (pipe.memory)."""
+        """The most activation bytes the loop held in flight at once (pipe.ops.memory)."""
         return self.memory.peak
 
     def around(self, schedule, i):
@@ -256,12 +266,13 @@ class PipelineEngine(Engine):
 
     # ---- before a step on new shapes ----------------------------------------------------
     def agree_shapes(self, batch, training=True):
-        """Core's walk, with every stage's forward checked (pipe.handshake); in training,
+        """Core's walk, with every stage's forward checked (pipe.ops.handshake); in training,
         what the config left to pipe is chosen at the first, and the step's graph is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
                                batch.labels[0], self.wire.dtypes, training, runs=1 if self.links else 2)
-            p2p = super().connect_stages(batch, check.probe)
+            p2p = connect_stages(self.schedule, self.stage, self.wire,
+                                 self.topo.pipeline_ranks(self.replica), batch.inputs[0], check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
             self.output_spec, counted = check.agree(self.wire, p2p.specs, last)
         if not training:
@@ -304,7 +315,7 @@ class PipelineEngine(Engine):
         self.update_in_graph = one_graph and updates_in_graph(self.layout)
 
     def choose(self, p2p):
-        """What the config left to pipe (pipe.defaults), once the first step's check has
+        """What the config left to pipe (pipe.fast.defaults), once the first step's check has
         agreed what crosses the boundaries: the same on every rank; rank 0 says it."""
         choices = [self.layout.why_defer] if "defer_wgrad" in self.left else []
         if "one_graph" in self.left:
@@ -320,7 +331,7 @@ class PipelineEngine(Engine):
     # ---- beyond the step --------------------------------------------------------------
     def predict(self, inputs, broadcast=True):
         """The model's outputs on `inputs` (the whole batch, on every replica) as numpy, on
-        every rank, or only on the last stage when `broadcast` is off (pipe.predict)."""
+        every rank, or only on the last stage when `broadcast` is off (pipe.ops.predict)."""
         return predict.predict(self, inputs, broadcast)
 
     def all_reduce(self, what, tensor, ranks):
@@ -332,7 +343,7 @@ class PipelineEngine(Engine):
 
     def save(self, directory, step, meta=None):
         """Checkpoint after `step` steps: replica 0 writes each stage's parameters and
-        optimizer state; rank 0 then merges and seals it (see pipe.checkpoint). `meta`
+        optimizer state; rank 0 then merges and seals it (see pipe.ops.checkpoint). `meta`
         adds what the caller needs to resume (seed, data position)."""
         checkpoint.save_rank(checkpoint.step_dir(directory, step), self.layout, self.optimizer)
         self.barrier()

@@ -1,7 +1,7 @@
 """What one rank runs: its stage and replica, its schedule, its model chunks.
 
 Every rank builds the same full model (same seed), or only its own layers when the model
-comes as layer builders (pipe.builders), and keeps the layers of its virtual stages (with
+comes as layer builders (pipe.features.builders), and keeps the layers of its virtual stages (with
 v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in the V
 of ZB-V and DualPipeV: pipe.schedules).
 Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
@@ -11,17 +11,17 @@ output head) is found by identity and listed with the ranks that hold a copy.
 from dataclasses import dataclass
 from functools import cached_property
 
-from pipe.batchnorm import refuse_deferred
-from pipe.builders import LayerBuilders
+from pipe.features.batchnorm import refuse_deferred
+from pipe.features.builders import LayerBuilders
 from pipe.chunk import Chunk
-from pipe.defaults import choose_defer, is_composite, most_of
-from pipe.core.place import Topology
-from pipe.handshake import agreed
+from pipe.fast.defaults import choose_defer, is_composite, most_of
+from pipe.topology import Topology
+from pipe.ops.handshake import agreed
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
-from pipe.precision import check_layer_precision
-from pipe.predict import forward_only
-from pipe.simulator import checked_schedule
-from pipe.tied import tied_weights
+from pipe.features.precision import check_layer_precision
+from pipe.ops.predict import forward_only
+from pipe.ops.simulator import checked_schedule
+from pipe.features.tied import tied_weights
 
 __all__ = ["Layout", "build_layout", "plan", "distinct_params"]
 
@@ -41,7 +41,7 @@ class Layout:
     defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: plan)
     any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
     any_composite: bool = False  # some rank has a weighted layer other than nn.Dense (likewise)
-    why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.defaults)
+    why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.fast.defaults)
 
     @property
     def stage(self):
@@ -101,9 +101,9 @@ def distinct_params(chunks):
 
 def plan(model, loss_fn, config, wire, sample=None, left=()):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
-    `model` is an nn.SequentialCell or a list of layer builders (pipe.builders).
+    `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
     `sample` (one micro-batch of inputs) is needed by partition="time" to time layers.
-    `left`: the switches the config left to pipe (pipe.defaults); defer_wgrad is chosen here."""
+    `left`: the switches the config left to pipe (pipe.fast.defaults); defer_wgrad is chosen here."""
     if isinstance(model, (list, tuple)):
         model = LayerBuilders(model, config.seed)
         if config.partition in ("parameters", "time"):

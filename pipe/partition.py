@@ -7,8 +7,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import is_plain_sequence, leaves
-from pipe.sequential import Sequential
+from pipe.layers import is_plain_sequence, leaves
+from pipe.features.sequential import Sequential
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
            "timed_costs", "whole_model_names"]
@@ -32,7 +32,7 @@ def check_model(model):
 def check_layer(i, layer):
     """Refuse one layer (leaf `layer` of the model's layer i) that pipe could not train
     exactly. (A layer that draws random numbers is found by what it does, before the first
-    step: pipe.handshake.)"""
+    step: pipe.ops.handshake.)"""
     for p in layer.trainable_params():
         if p.dtype != ms.float32:
             raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe keeps float32 "

@@ -1,14 +1,14 @@
-"""Every named schedule: core's GPipe and 1F1B, interleaved, zero bubble and V shapes.
+"""Every named schedule: GPipe and 1F1B (pipe.schedule), interleaved, zero bubble and V shapes.
 
 A schedule that splits the backward runs I (the input gradient, which the previous stage
 waits for) and W (the weight gradient, which nobody waits for) where others run B (both);
 `with_deferred_wgrad` moves every W to the flush, over all micro-batches at once (`W*`).
-Each generator gives compute actions per stage; `pipe.core.schedule.lower` adds the
-messages and `pipe.simulator` checks and times the result (`python -m pipe` prints one).
+Each generator gives compute actions per stage; `pipe.schedule.lower` adds the
+messages and `pipe.ops.simulator` checks and times the result (`python -m pipe` prints one).
 """
 from dataclasses import dataclass, replace
 
-from pipe.core.schedule import Action, Schedule, gpipe, one_f_one_b
+from pipe.schedule import Action, Schedule, gpipe, one_f_one_b
 
 __all__ = ["VSchedule", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "SCHEDULES",
            "CHUNKS_PER_STAGE", "EVERY", "make_schedule", "with_deferred_wgrad", "micro_batches_of",

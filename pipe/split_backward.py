@@ -14,7 +14,7 @@ I keeps those gradients (tiny), and W adds up those of its micro-batches.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.chunk import Differentiable, LayerGrad, arguments, gradient_positions, has_bool, per_weight
+from pipe.layers import Differentiable, LayerGrad, arguments, gradient_positions, has_bool, per_weight
 
 __all__ = ["split_cells", "rows_of"]
 

@@ -13,10 +13,10 @@ import numpy as np
 from mindspore import nn, ops
 
 from launch import loop_config
-from pipe.core.wire import elements
-from pipe.deadlines import DeadlineWire
+from pipe.wire import elements
+from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
-from pipe.sequential import Sequential
+from pipe.features.sequential import Sequential
 
 BATCH, STEPS, WIDTH = 8, 2, 8
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -33,7 +33,7 @@ class Guarded(nn.Cell):
     """A layer whose non-float outputs carry no gradient (ops.stop_gradient): MindSpore's
     autograd over the whole model, in one process, cannot add up a bool's uses (it has no
     bool Add). pipe differentiates each layer with no gradient for its non-float values
-    (pipe.core.chunk.Differentiable), so there the layers need no guard."""
+    (pipe.layers.Differentiable), so there the layers need no guard."""
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
@@ -77,7 +77,7 @@ class Head(nn.Cell):
 
 
 def build_model(seed, guarded=False):
-    """The model (pipe.sequential.Sequential: a tuple is the next layer's arguments), for
+    """The model (pipe.features.sequential.Sequential: a tuple is the next layer's arguments), for
     pipe to split, or `guarded`, for one process to differentiate whole."""
     ms.set_seed(seed)
     layers = [nn.Dense(4, WIDTH), Fan(), Mix(), Head()]

@@ -16,7 +16,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.deadlines import connect
+from pipe.ops.deadlines import connect
 from launch import loop_config
 from pipe.engine import PipelineEngine
 from user_layers import Attending, HiddenDropout, NoBackward, Tagging, TiedHead, Untagging

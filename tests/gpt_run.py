@@ -4,7 +4,7 @@ Between its stages travels a tuple (hidden states and an int32 padding mask, whi
 gradient); the batches come in two sequence lengths (16, 8, then 16 again); the loss is
 (sum, count) over the real targets, which differ in number between micro-batches; the head
 uses the input embedding's table (under ZB-V, two chunks of one rank hold it). `plain_run`
-is MindSpore's own TrainOneStepCell over the unsplit model (pipe.sequential) and the
+is MindSpore's own TrainOneStepCell over the unsplit model (pipe.features.sequential) and the
 batch's token mean.
 """
 import mindspore as ms
@@ -13,8 +13,8 @@ from mindspore import nn
 
 from launch import load_example, loop_config
 from mlp_run import fp16_steps
-from pipe.builders import LayerBuilders
-from pipe.deadlines import DeadlineWire
+from pipe.features.builders import LayerBuilders
+from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
 gpt = load_example("gpt_model", "gpt", "model.py")

@@ -11,9 +11,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.builders import LayerBuilders
-from pipe.core.wire import elements
-from pipe.deadlines import DeadlineWire
+from pipe.features.builders import LayerBuilders
+from pipe.wire import elements
+from pipe.ops.deadlines import DeadlineWire
 from launch import loop_config
 from pipe.engine import PipelineEngine
 
@@ -40,7 +40,7 @@ def dropout_model(seed):
 
 
 def layer_builders(batch_norm=False):
-    """The same MLP as one builder per layer (pipe.builders): MindSpore's own initial
+    """The same MLP as one builder per layer (pipe.features.builders): MindSpore's own initial
     weights, drawn per layer from (seed, layer index); `batch_norm`: the first layer
     normalizes its output (buffers on the first stage only)."""
     pairs = list(zip(WIDTHS[:-2], WIDTHS[1:-1]))
@@ -61,7 +61,7 @@ def model_parameters_held():
 
 class TokenLoss(nn.Cell):
     """(summed cross-entropy over the targets that are not padding (-1), their count): a
-    token-mean loss given to pipe as (sum, count) (pipe.normalized_loss)."""
+    token-mean loss given to pipe as (sum, count) (pipe.features.token_loss)."""
 
     def __init__(self):
         super().__init__()

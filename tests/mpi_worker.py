@@ -3,8 +3,8 @@
     mpiexec -n 4 python tests/mpi_worker.py '[[2, ["--stages", "2", "--save", "/tmp/a"]], ...]'
 
 A configuration is the example's flags (a list: examples/mnist/train.py) or a dict for
-tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py; "core",
-"predict", "tied": tests/<model>_check.py), which drives the engine directly.
+tests/mlp_run.py (with "model": "gpt" or "gpt-example", tests/gpt_run.py; "predict",
+"tied": tests/<model>_check.py), which drives the engine directly.
 
 Starting MindSpore once per process instead of once per configuration keeps the
 equivalence matrices within CI's time. Configurations that fit side by side run at once,
@@ -28,7 +28,6 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "mnist"))
-import core_check  # noqa: E402
 import dtypes_run  # noqa: E402
 import gpt_run  # noqa: E402
 import mlp_run  # noqa: E402
@@ -36,7 +35,7 @@ import predict_check  # noqa: E402
 import tied_check  # noqa: E402
 import train  # noqa: E402
 from launch import LOOP_FLAGS  # noqa: E402
-from pipe.deadlines import DeadlineWire  # noqa: E402
+from pipe.ops.deadlines import DeadlineWire  # noqa: E402
 
 
 def waves(configs, world):
@@ -67,7 +66,7 @@ def run(flags, communicator):
     if isinstance(flags, dict):
         run_spec = {"gpt": gpt_run.pipe_run, "gpt-example": gpt_run.example_run,
                     "dtypes": dtypes_run.pipe_run,
-                    "core": core_check.pipe_run, "predict": predict_check.pipe_run,
+                    "predict": predict_check.pipe_run,
                     "tied": tied_check.pipe_run}.get(flags.get("model"), mlp_run.pipe_run)
         engine, result = run_spec(flags, communicator)
         save = flags["save"]
@@ -75,8 +74,8 @@ def run(flags, communicator):
         args = train.parse_args(LOOP_FLAGS + flags)
         result, save = train.train(args, DeadlineWire(120.0, communicator)), args.save
         engine = result.pop("engine")
-    buffers = engine.layout.buffers if hasattr(engine, "layout") else []    # (core: none)
-    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest() for b in buffers}
+    result["buffers"] = {b.name: hashlib.sha256(b.asnumpy().tobytes()).hexdigest()
+                         for b in engine.layout.buffers}
     result["cpu_seconds"] = time.process_time() - started
     if save:
         os.makedirs(save, exist_ok=True)

@@ -6,7 +6,7 @@ import numpy as np
 from mindspore import nn
 
 from launch import loop_config
-from pipe.deadlines import DeadlineWire
+from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
 

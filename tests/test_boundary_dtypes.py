@@ -1,4 +1,4 @@
-"""Every dtype a layer may hand on crosses a stage boundary (pipe.core.wire): float32 and
+"""Every dtype a layer may hand on crosses a stage boundary (pipe.wire): float32 and
 float16 with their gradients coming back, bool, int32, int64 and uint8 with none, in the
 loop and in one graph, 1F1B and ZB-V with W deferred, like one process (tests/dtypes_run.py).
 A dtype no wire carries is refused before the first step: tests/test_errors.py."""
@@ -38,8 +38,8 @@ def test_on_gpus_a_dtype_nccl_has_no_kernel_for_is_refused_with_those_it_has():
     int64 element is refused before the first step, naming what the layer may hand on
     instead (bool and the narrow ints travel as int32); on CPU (mpi4py) it crosses."""
     import mindspore as ms
-    from pipe.core.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
-    from pipe.handshake import check_input, failure_text
+    from pipe.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
+    from pipe.ops.handshake import check_input, failure_text
     spec = Parts((((8, 4), ms.float32), ((8,), ms.int64)))
     nccl = set(NCCL_DTYPES)
     assert check_input(spec, nccl) == ("wire", 1) and check_input(spec, set(WIRE_DTYPES)) is None

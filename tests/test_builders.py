@@ -1,4 +1,4 @@
-"""pipe.builders: a model given as one builder per layer (in process, no MPI). Layouts
+"""pipe.features.builders: a model given as one builder per layer (in process, no MPI). Layouts
 training it like one process, and building only their own layers: tests/test_transparency.py."""
 import mindspore as ms
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from mindspore import nn
 
 from mlp_run import LOSS, layer_builders
-from pipe.builders import LayerBuilders, Tied
+from pipe.features.builders import LayerBuilders, Tied
 from launch import loop_config
 from pipe.engine import PipelineEngine
 from pipe.partition import whole_model_names
@@ -42,7 +42,7 @@ EMBEDDING = nn.Embedding(32, 4)     # made outside the builders, then captured b
 
 BUILT_ELSEWHERE = ("a builder makes its layer's weights when called, so build the layer inside "
                    "it. A weight shared by two layers (a tied embedding and output head) is given "
-                   "as pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
+                   "as pipe.features.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 
 
 @pytest.mark.parametrize("model,config,error,message", [

@@ -1,7 +1,7 @@
-"""pipe.checkpoint's command line (the files it writes and verifies: tests/test_reliability.py)."""
+"""pipe.ops.checkpoint's command line (the files it writes and verifies: tests/test_reliability.py)."""
 import pytest
 
-from pipe.checkpoint import main
+from pipe.ops.checkpoint import main
 
 
 def test_merge_of_a_directory_without_stages_is_one_line_and_exit_code_2(tmp_path, capsys):

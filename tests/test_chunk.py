@@ -12,10 +12,10 @@ from mindspore import nn, ops
 
 from pipe.actions import Actions, take
 from pipe.chunk import Chunk
-from pipe.core.schedule import lower, one_f_one_b
-from pipe.dropout import MaskDraw
-from pipe.handshake import probe
-from pipe.memory import Memory
+from pipe.schedule import lower, one_f_one_b
+from pipe.features.dropout import MaskDraw
+from pipe.ops.handshake import probe
+from pipe.ops.memory import Memory
 from pipe.schedules import EVERY
 from pipe.split_backward import rows_of
 
@@ -253,7 +253,7 @@ def test_infer_runs_in_eval_mode():
 
 
 def test_held_bytes_are_read_once_per_step_shapes():
-    """The engine names each step's micro-batch shapes (pipe.memory reads an entry's bytes
+    """The engine names each step's micro-batch shapes (pipe.ops.memory reads an entry's bytes
     once per those): entries of other shapes are counted anew, and taking one gives back
     what it added."""
     actions, memory = handlers(Chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)), Memory()

@@ -1,10 +1,10 @@
-"""Clipping by the global norm (pipe.core.engine) on one process (SoloWire); across ranks:
+"""Clipping by the global norm (pipe.batch) on one process (SoloWire); across ranks:
 test_models.py, test_transparency.py."""
 import mindspore as ms
 import numpy as np
 
-from pipe.clip import clip_by_global_norm
-from pipe.core.wire import SoloWire
+from pipe.features.clip import clip_by_global_norm
+from pipe.wire import SoloWire
 
 
 def test_clipping_counts_only_the_gradients_this_rank_owns():

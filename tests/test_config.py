@@ -64,10 +64,10 @@ FLAG_VALUES = {"stages": "2", "data_parallel": "2", "micro_batches": "2", "batch
 @pytest.mark.parametrize("example", [("mnist_train", "mnist"), ("gpt_train", "gpt")])
 def test_every_flag_an_example_accepts_reaches_its_config(example):
     """Each flag named after a config field, set to another value than its default, is in
-    the config the example trains with (`pipe.cli.config_from`, which its `train` calls)."""
+    the config the example trains with (`pipe.ops.cli.config_from`, which its `train` calls)."""
     import inspect
     from launch import load_example
-    from pipe.cli import config_from
+    from pipe.ops.cli import config_from
     module = load_example(example[0], example[1], "train.py")
     assert "config_from(args, device=device)" in inspect.getsource(module.train)
     fields = {f.name for f in dataclasses.fields(PipelineConfig)}
@@ -83,13 +83,13 @@ def test_every_flag_an_example_accepts_reaches_its_config(example):
 
 
 def test_the_memory_plan_is_set_once_and_a_second_call_changes_nothing():
-    """pipe.cli.plan_memory (use_device's on a GPU; the call itself runs anywhere, in a
+    """pipe.ops.cli.plan_memory (use_device's on a GPU; the call itself runs anywhere, in a
     process of its own): MindSpore takes its memory settings once per process and refuses
     a second time, so a second call (or one after a program set its memory itself, the
     same refusal) must leave the first setting and fail nothing."""
     import subprocess
     import sys
-    code = ("import mindspore as ms; from pipe.cli import plan_memory; plan_memory(); "
+    code = ("import mindspore as ms; from pipe.ops.cli import plan_memory; plan_memory(); "
             "plan_memory(); print(ms.get_context('memory_optimize_level'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]

@@ -131,7 +131,7 @@ BUILT_ELSEWHERE = (
     "TypeError: layer builder 1 returned a layer with parameter 'embedding_table', which was made "
     "before the builders ran: a builder makes its layer's weights when called, so build the "
     "layer inside it. A weight shared by two layers (a tied embedding and output head) is given "
-    "as pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
+    "as pipe.features.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 NO_BACKWARD = "ValueError: 'this layer has no backward'"
 UINT16 = ("RuntimeError: " + "check before the first step failed: stage 1 would receive element 1 of "
           "stage 0's output (the boundary between layers 1 and 2) as UInt16, which this wire does not "

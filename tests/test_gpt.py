@@ -16,7 +16,7 @@ import pytest
 
 from gpt_run import LENGTHS, ONE_LENGTH, SIZE, TokenMean, gpt, plain_fp16_run, plain_run
 from launch import ROOT, assert_like_one_process
-from pipe.builders import LayerBuilders
+from pipe.features.builders import LayerBuilders
 
 SEED = 11
 CONFIGS = {      # name: (ranks, config); ZB-V's V puts the embedding and the tied head on rank 0

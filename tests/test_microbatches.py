@@ -1,12 +1,12 @@
-"""pipe.core.engine.split: which rows of the global batch each replica's micro-batches get (and
-pipe.dropout.draws: which masks they draw; pipe.predict: how predict cuts its batch)."""
+"""pipe.batch.split: which rows of the global batch each replica's micro-batches get (and
+pipe.features.dropout.draws: which masks they draw; pipe.ops.predict: how predict cuts its batch)."""
 import numpy as np
 import pytest
 
 from pipe.config import PipelineConfig
-from pipe.core.engine import split
-from pipe.dropout import draws
-from pipe.predict import split_for_predict
+from pipe.batch import split
+from pipe.features.dropout import draws
+from pipe.ops.predict import split_for_predict
 
 
 def test_replica_r_takes_its_contiguous_rows_in_m_pieces():

@@ -14,9 +14,9 @@ from mindspore import nn, ops
 
 from launch import load, loop_config, results
 from pipe.chunk import Chunk
-from pipe.deadlines import DeadlineWire
+from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
-from pipe.handshake import HALF_HINT, check_input
+from pipe.ops.handshake import HALF_HINT, check_input
 from user_layers import GraphOnly, HiddenDropout
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -344,7 +344,7 @@ def test_cnn_as_one_graph_is_bitwise_the_loop(cnn):
 
 
 def test_cnn_built_layer_by_layer_trains_like_one_process(cnn):
-    """`--build own`: each rank builds only its layers (pipe.builders), here under ZB-V's V
+    """`--build own`: each rank builds only its layers (pipe.features.builders), here under ZB-V's V
     (rank 1 holds layers of both chunks); one process builds them all the same way."""
     (got, _), (want, _) = cnn["own-zb-v-2x1"], cnn["own-single-m2"]
     assert sorted(got) == sorted(want) and any("moving_mean" in name for name in want)

@@ -3,7 +3,7 @@ import pytest
 from mindspore import nn
 
 from pipe.partition import balance, partition, stage_bounds
-from pipe.core.place import Topology
+from pipe.topology import Topology
 
 
 def mlp(widths):

@@ -1,4 +1,4 @@
-"""Mixed precision (pipe.precision): a pipelined float16 run equals one process running the
+"""Mixed precision (pipe.features.precision): a pipelined float16 run equals one process running the
 same recipe, MindSpore's own `to_float` and DynamicLossScaleUpdateCell, step by step.
 
 Every layer computes in float16 on float32 weights; the loss is float32, its gradient
@@ -18,9 +18,9 @@ from mindspore import nn
 
 from launch import assert_same_bits, load, loop_config, results
 from mlp_run import LOSS, batches, build_model, plain_fp16_run
-from pipe.checkpoint import latest
+from pipe.ops.checkpoint import latest
 from pipe.engine import PipelineEngine
-from pipe.precision import Unscale
+from pipe.features.precision import Unscale
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")

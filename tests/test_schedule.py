@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import pytest
 
-from pipe.core.schedule import lower, message_key
+from pipe.schedule import lower, message_key
 from pipe.schedules import (CHUNKS_PER_STAGE, EVERY, SCHEDULES, action_costs, defers_wgrad, make_schedule,
                             peak_in_flight, splits_backward)
-from pipe.simulator import format_table, simulate
+from pipe.ops.simulator import format_table, simulate
 
 GPIPE_4x8 = """\
 step stage0 stage1 stage2 stage3

@@ -1,4 +1,4 @@
-"""pipe.step_graph: a rank's lowered actions as the constants its handlers branch on
+"""pipe.fast.step_graph: a rank's lowered actions as the constants its handlers branch on
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
 import glob
@@ -9,7 +9,7 @@ import pytest
 from mindspore import nn
 
 from pipe.config import PipelineConfig
-from pipe.core.schedule import lower
+from pipe.schedule import lower
 from pipe.schedules import EVERY, make_schedule
 from pipe.actions import B, F, I, RECV, SEND, W, encode
 
@@ -253,7 +253,7 @@ def test_a_chunks_compiled_pieces_compile_once(schedule, cell, chunks):
     engine.train_step(x, y)
     compiled = [phase.split("/")[0] for phase in ms_compile_cache - before]
     assert sum(phase.startswith(f"pipe.compiled.{cell}_") for phase in compiled) == chunks, compiled
-    assert all(phase.startswith(("pipe.compiled.", "pipe.core.chunk.add_grads.")) for phase in compiled), compiled
+    assert all(phase.startswith(("pipe.compiled.", "pipe.layers.add_grads.")) for phase in compiled), compiled
 
 
 def small_engine(layers, loss_fn=None, **config):
@@ -272,8 +272,8 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     """With other ranks the engine compiles the step before its first call, on every rank at
     once (StepGraph.prepare, the dropout masks keeping every unit): that call then runs what
     was compiled, with this step's masks, and compiles nothing more."""
-    from pipe.core.engine import split
-    from pipe.step_graph import StepGraph
+    from pipe.batch import split
+    from pipe.fast.step_graph import StepGraph
     engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
                                 micro_batches=2, one_graph=True, defer_wgrad=False)
     engine.train_step(x, y)
@@ -299,7 +299,7 @@ def test_a_call_takes_and_gives_only_what_is_used(precision, counted, dropout):
     without dropout."""
     import mindspore as ms
     from mlp_run import TokenLoss
-    from pipe.core.engine import split
+    from pipe.batch import split
     engine, x, y = small_engine([nn.Dense(6, 6), nn.Dropout(p=0.5), nn.Dense(6, 3)] if dropout else
                                 [nn.Dense(6, 3)], TokenLoss() if counted else None,
                                 one_graph=True, precision=precision)

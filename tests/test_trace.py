@@ -1,5 +1,5 @@
-"""pipe.trace: what the benchmark reads from a recorded step."""
-from pipe.trace import host_costs
+"""pipe.ops.trace: what the benchmark reads from a recorded step."""
+from pipe.ops.trace import host_costs
 
 
 def test_host_costs_are_medians_per_action_kind():

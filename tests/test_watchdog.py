@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = """
 import time
-from pipe.watchdog import Watchdog
+from pipe.ops.watchdog import Watchdog
 dog = Watchdog({timeout}, lambda where: f"rank 0 was at {{where}}")
 {body}
 print("finished", flush=True)

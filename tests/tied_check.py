@@ -9,8 +9,8 @@ import numpy as np
 from mindspore import nn
 
 from launch import load_example, loop_config
-from pipe.core.wire import SoloWire
-from pipe.deadlines import DeadlineWire
+from pipe.wire import SoloWire
+from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 
 tied = load_example("tied_model", "tied", "model.py")   # (examples/gpt has a `model` too)

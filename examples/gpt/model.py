@@ -19,7 +19,7 @@ import numpy as np
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Uniform, initializer
 
-from pipe.builders import Tied
+from pipe.features.builders import Tied
 
 PAD, IGNORE, VOCAB = 0, -1, 256     # byte 0 never occurs in the text: it pads
 BUCKETS = (32, 64)                  # sequence lengths a batch is padded to
@@ -206,7 +206,7 @@ def block(width, heads):
     pieces whose weights each sit in one cell (one product or one norm). pipe keeps each
     piece's input and differentiates piece by piece, so a weight gradient (W) is that one
     product again, over all micro-batches at once if deferred, and not the whole block's
-    forward and backward (pipe.defaults)."""
+    forward and backward (pipe.fast.defaults)."""
     return nn.SequentialCell([Norm(width), Product(width, 3 * width), Attend(heads),
                               Residual(width, width),
                               Norm(width), Product(width, 4 * width), Gelu(),

@@ -26,7 +26,7 @@ class Residual(nn.Cell):
 
 def cnn_layers(channels=8, dropout=0.25, classes=10):
     """(B, 784) pixels -> 10 logits: one builder per layer, 11 layers (shapes in comments).
-    Given as the model, each rank builds only its own layers (pipe.builders)."""
+    Given as the model, each rank builds only its own layers (pipe.features.builders)."""
     return [
         lambda: nn.Unflatten(1, (1, 28, 28)),                          # (B, 1, 28, 28)
         lambda: nn.Conv2d(1, channels, 3, pad_mode="same"),            # (B, C, 28, 28)

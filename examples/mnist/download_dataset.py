@@ -10,7 +10,7 @@ import os
 import sys
 import urllib.request
 
-from pipe.cli import Parser
+from pipe.ops.cli import Parser
 
 MIRRORS = ["https://ossci-datasets.s3.amazonaws.com/mnist/",
            "https://storage.googleapis.com/cvdf-datasets/mnist/"]

@@ -4,7 +4,7 @@
 
 In a pipeline the embedding sits on the first stage and the head on the last: both hold a
 copy of E, and pipe keeps the copies equal by summing their gradients before each step
-(`pipe.tied.tied_weights` finds them; the engine all-reduces their gradients). The
+(`pipe.features.tied.tied_weights` finds them; the engine all-reduces their gradients). The
 task: predict (3 * token + 1) mod V.
 """
 import numpy as np

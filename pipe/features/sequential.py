@@ -4,13 +4,13 @@
 DeepSpeed: a tuple output is the next layer's positional arguments (`(hidden, keep)` into
 `construct(self, x, keep)`). `Sequential` chains layers the same way, and as pipe does, a
 layer that is a plain `nn.SequentialCell` (a transformer block written as pieces) is
-chained piece by piece (`pipe.core.chunk.leaves`), so the model pipe splits and the model
+chained piece by piece (`pipe.layers.leaves`), so the model pipe splits and the model
 one process runs are the same function. Its cells and their names are nn.SequentialCell's:
 checkpoints load into either.
 """
 from mindspore import nn
 
-from pipe.core.chunk import arguments, leaves
+from pipe.layers import arguments, leaves
 
 __all__ = ["Sequential"]
 

@@ -51,7 +51,7 @@ def add_layout_flags(parser, batch_size):
 
 def add_precision_flag(parser):
     """--precision: fp16 computes in float16 on float32 weights with a loss scale
-    (pipe.precision); bf16 is named so that pipe can say why it is refused. --tf32: float32
+    (pipe.features.precision); bf16 is named so that pipe can say why it is refused. --tf32: float32
     products in TF32 on GPU."""
     parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
@@ -66,7 +66,7 @@ def precision_name(args):
 
 def add_speed_flags(parser):
     """--defer-wgrad and --one-graph, each with its --no- form; without either, pipe chooses
-    (pipe.defaults) and says what at the first step."""
+    (pipe.fast.defaults) and says what at the first step."""
     parser.add_argument("--defer-wgrad", action=argparse.BooleanOptionalAction, default=None,
                         help="weight gradients once per step over all micro-batches (default: "
                              "pipe chooses)")

@@ -9,10 +9,10 @@ layer at y would run relu(y) again first, a second kernel per ReLU and micro-bat
 a small model's step pays in host time (benchmarks/log.md section 59).
 """
 from mindspore import nn
-from mindspore.ops.operations._grad_ops import ReluGrad   # MindSpore's own ReLU backward
 
-from pipe.core.chunk import KeepInput
-from pipe.dropout import is_dropout
+from pipe.layers import KeepInput
+from pipe.private import relu_grad
+from pipe.features.dropout import is_dropout
 
 __all__ = ["is_relu", "forward_piece", "backward_piece"]
 
@@ -44,7 +44,7 @@ class OutputGrad(nn.Cell):
 
     def __init__(self):
         super().__init__(auto_prefix=False)
-        self.relu_grad = ReluGrad()
+        self.relu_grad = relu_grad()
 
     def construct(self, y, dy):
         return self.relu_grad(dy, y), ()
@@ -52,7 +52,7 @@ class OutputGrad(nn.Cell):
 
 def forward_piece(layers, i):
     """An nn.ReLU as the forward runs it: keeping its output, or nothing when the next
-    layer keeps that output as its input (core's residual indices then point its backward
+    layer keeps that output as its input (the residual indices then point its backward
     there)."""
     following = layers[i + 1] if i + 1 < len(layers) else None
     shares = following is not None and not is_dropout(following)

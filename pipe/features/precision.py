@@ -20,7 +20,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from pipe.compiled import Compiled
-from pipe.relu import is_relu
+from pipe.features.relu import is_relu
 
 __all__ = ["LossScaler", "Unscale", "float16_gradients", "LogitsAsFloat32", "GradAsFloat16",
            "keeps_float32_input", "to_half", "check_layer_precision", "set_matmul_precision"]
@@ -88,7 +88,7 @@ class GradAsFloat16(nn.Cell):
 def keeps_float32_input(layers, i):
     """In fp16, a ReLU whose input may be float32 (a batch norm's output, or the chunk's
     input) keeps that input, and autograd differentiates it there: a float32 gradient for
-    a float32 input. ReluGrad at its float16 output (pipe.relu) would mix the two dtypes."""
+    a float32 input. ReluGrad at its float16 output (pipe.features.relu) would mix the two dtypes."""
     return is_relu(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
 
 

@@ -5,7 +5,7 @@ gradients are summed over every rank holding one before every step, so they stay
 Two chunks of one rank (the V of zb-v and dualpipe-v puts the first and last layers on
 rank 0) share the one Parameter: the optimizer steps it once, from both chunks' gradients.
 """
-from pipe.builders import LayerBuilders
+from pipe.features.builders import LayerBuilders
 from pipe.partition import whole_model_names
 
 __all__ = ["tied_weights", "sum_copies", "fold_repeats"]

@@ -16,8 +16,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.core.chunk import arguments
-from pipe.core.wire import spec_of
+from pipe.layers import arguments
+from pipe.wire import spec_of
 
 __all__ = ["MaskDraw", "Masks", "draws", "is_dropout", "forward_piece", "backward_piece"]
 

@@ -12,7 +12,7 @@ Every file is written under a temporary name and renamed into place, meta.json l
 then `latest`: a crash at any moment leaves the previous checkpoint whole, and a truncated
 or altered file is refused, by its SHA-256, before anything is loaded.
 
-    python -m pipe.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt
+    python -m pipe.ops.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt
 """
 import argparse
 import glob
@@ -24,7 +24,7 @@ import sys
 
 import mindspore as ms
 
-from pipe.cli import Parser
+from pipe.ops.cli import Parser
 
 __all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "latest",
            "merge", "CheckpointError"]
@@ -171,7 +171,7 @@ def latest(directory):
 
 
 def main(argv=None):
-    parser = Parser(prog="python -m pipe.checkpoint", description=__doc__,
+    parser = Parser(prog="python -m pipe.ops.checkpoint", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["merge"])
     parser.add_argument("directory")

@@ -1,16 +1,17 @@
-"""One model chunk (the layers of a virtual stage): a compiled forward that keeps each
-layer's input, as autograd would, and a compiled backward that asks MindSpore for each
-layer's vector-Jacobian product at that input, in reverse, summing weight gradients. A
-Dense layer's forward is dead code there (dX = dY W^T, dW = dY^T X): the compiler drops it.
-pipe's full chunk (pipe/chunk.py) builds its own from these cells (`Forward`, `Backward`,
-`KeepInput`, `LayerGrad`), each layer wrapped by the feature it needs.
+"""A layer as a pipeline runs it: its forward keeping what its backward reads (its
+residuals), and its backward asked of MindSpore at that input, one layer at a time.
+
+A chunk's forward (`Forward`) runs its layers, each wrapped to keep its input (`KeepInput`)
+and, on the model's last chunk, returns the loss and d loss / d logits; its backward
+(`Backward`) runs each layer's vector-Jacobian product at its kept input (`LayerGrad`),
+last layer first, summing weight gradients. For a Dense layer the forward inside the
+backward is dead code (dX = dY W^T, dW = dY^T X): the compiler drops it.
 """
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.core.wire import spec_of
 
-__all__ = ["Chunk", "leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
+__all__ = ["leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
            "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
            "has_bool", "arguments", "variable"]
 
@@ -186,54 +187,3 @@ class Backward(nn.Cell):
             dy, dw = layer_grad(residuals[layer_grad.residual], dy)
             grads = dw + grads
         return dy, per_weight(grads, self.positions)
-
-
-class Chunk:
-    """A slice of the model, its micro-batches in flight and its summed gradients (`grads`)."""
-
-    def __init__(self, layers, loss_fn=None, is_first=True, grad_scale=1.0):
-        self.layers = leaves(layers)
-        self.params = list({id(p): p for layer in self.layers for p in layer.trainable_params()}.values())
-        self.is_first, self.is_last, self.loss_fn = is_first, loss_fn is not None, loss_fn
-        self.grad_scale = grad_scale    # (a number: a constant of the compiled forward)
-        self.no_labels = ms.Tensor(0, ms.int32)      # what a chunk without the loss is given
-        wrapped = [KeepInput(layer) for layer in self.layers]
-        grads = [LayerGrad(layer, not is_first or i > 0) for i, layer in enumerate(self.layers)]
-        self.forward_cell = Forward(wrapped, loss_fn)
-        self.backward_cell = Backward(last_first(grads, residual_indices(wrapped)),
-                                      gradient_positions(self.layers))
-        self.residuals = {}     # micro-batch -> what its backward reads, from its F to its B
-        self.grads = ()         # summed weight gradients, in `params` order (() at a step's start)
-        self.training = None    # the mode the layers are in
-
-    def set_mode(self, training):
-        if self.training != training:
-            for layer in self.layers:
-                layer.set_train(training)
-            self.training = training
-
-    def zero_grads(self):
-        """Start a step: its first backward's gradients become the sums."""
-        self.grads = ()
-
-    def labels(self, labels):
-        return self.no_labels if labels is None else labels
-
-    def forward(self, mb, x, labels=None):
-        """F: the residuals and the gradient to start from wait for the backward."""
-        self.set_mode(True)
-        out, residuals = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, ())
-        self.residuals[mb] = residuals, out[1] if self.is_last else None
-        return out[0] if self.is_last else out
-
-    def backward(self, mb, dy=None):
-        residuals, start = self.residuals.pop(mb)
-        dx, grads = self.backward_cell(variable(start if self.is_last else dy), *map(variable, residuals))
-        self.grads = with_sums(self.grads, grads, not self.grads)
-        return dx
-
-    def output_spec(self, x, labels=None):
-        """The spec of this chunk's output (logits) on `x`: one forward, which compiles it."""
-        self.set_mode(True)
-        out, _ = self.forward_cell(variable(x), self.labels(labels), self.grad_scale, ())
-        return spec_of(out[1] if self.is_last else out)

@@ -10,7 +10,7 @@ import numpy as np
 
 __all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire",
            "MindSporeWire", "SoloWire", "PointToPoint", "Parts", "spec_of", "example",
-           "write_header", "read_header", "elements", "travels", "carrier"]
+           "write_header", "read_header", "elements", "travels", "carrier", "sum_over"]
 
 # The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
@@ -171,22 +171,16 @@ def read_header(header):
 
 
 class PointToPoint:
-    """One rank's messages (peer, tag, boundary b; `specs[b]`: the spec crossing b). A tuple
-    goes as a message per element, each as its `carrier`; a non-float one (a mask) has no
-    gradient: zeros arrive."""
+    """One rank's messages: its wire, the ranks of its pipeline by stage, and `specs[b]`,
+    the (shape, dtype) or Parts crossing boundary b (into virtual stage b)."""
 
     def __init__(self, wire, pipeline_ranks, specs):
         self.wire, self.ranks, self.specs = wire, pipeline_ranks, specs
 
-    def send(self, value, action):
-        spec = self.specs[action.boundary]
-        for tensor, (_, dtype) in zip(value if isinstance(spec, Parts) else [value], elements(spec)):
-            if travels(action.kind, dtype):
-                self.wire.send(tensor.astype(carrier(dtype), copy=False), self.ranks[action.peer], action.tag)
 
-    def recv(self, action):
-        spec = self.specs[action.boundary]
-        got = tuple(self.wire.recv(shape, carrier(dtype), self.ranks[action.peer], action.tag).astype(
-            dtype, copy=False) if travels(action.kind, dtype) else ms.ops.zeros(shape, dtype)
-            for shape, dtype in elements(spec))
-        return got if isinstance(spec, Parts) else got[0]
+def sum_over(wire, grads, ranks):
+    """Each gradient summed over `ranks`, as one flat message."""
+    if len(ranks) == 1 or not grads:
+        return tuple(grads)
+    flat = wire.all_reduce(ms.ops.cat([g.reshape(-1) for g in grads]), ranks)
+    return tuple(p.reshape(g.shape) for g, p in zip(grads, ms.ops.split(flat, [g.size for g in grads])))

@@ -14,7 +14,7 @@ A layer that shares weights with an earlier one (an output head tied to the inpu
 embedding) is given as `Tied(owner, builder)`: `builder(layer owner)` returns it, using the
 owner's weights (DeepSpeed's TiedLayerSpec). Every rank builds the tied layers and their
 owners, so each holder of a tied weight has a copy that starts equal, knows the ranks of
-the others (pipe.tied sums their gradients) and its whole-model name.
+the others (pipe.features.tied sums their gradients) and its whole-model name.
 
 What needs every layer is refused with the fix: partition="parameters" or "time" (they
 weigh every layer). A builder that returns a weight made outside it (an embedding captured
@@ -30,15 +30,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.core.chunk import leaves
+from pipe.layers import leaves
 from pipe.partition import check_layer
-from pipe.sequential import Sequential
+from pipe.features.sequential import Sequential
 
 __all__ = ["LayerBuilders", "Tied", "layer_seed"]
 
 NOT_NEW = ("a builder makes its layer's weights when called, so build the layer inside it. A "
            "weight shared by two layers (a tied embedding and output head) is given as "
-           "pipe.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
+           "pipe.features.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 
 
 class Tied:
@@ -121,7 +121,7 @@ class LayerBuilders:
                 yield (f"{i}.{name}" if name else str(i)), cell
 
     def whole(self):
-        """Every layer built, as the model one process would train (pipe.sequential)."""
+        """Every layer built, as the model one process would train (pipe.features.sequential)."""
         return Sequential([self[i] for i in range(len(self))])
 
 

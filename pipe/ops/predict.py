@@ -6,9 +6,9 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe.actions import Actions
-from pipe.core.chunk import arguments
-from pipe.core.engine import MicroBatches
-from pipe.core.schedule import Action, lower
+from pipe.layers import arguments
+from pipe.batch import MicroBatches
+from pipe.schedule import Action, lower
 
 __all__ = ["Infer", "forward_only", "split_for_predict", "predict"]
 

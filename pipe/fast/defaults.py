@@ -2,7 +2,7 @@
 
 The choices change speed and memory, never the model trained: every mode trains one
 process's model, in fp32 to float32 round-off, in fp16 to float16 round-off with the same
-skipped steps (pipe.precision). The rules, chosen by measurement (docs/performance.md,
+skipped steps (pipe.features.precision). The rules, chosen by measurement (docs/performance.md,
 "pipe's choices"):
 
 - W deferred to the flush (one product per layer over every micro-batch's rows) unless the
@@ -18,7 +18,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.core.wire import elements
+from pipe.wire import elements
 
 __all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "is_fp16_graph", "choose_graph",
            "action_flops", "most_of", "announce"]

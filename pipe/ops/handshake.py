@@ -1,7 +1,7 @@
 """Before the first step, every stage's forward is checked on what will reach it.
 
-Core's walk (`Engine.connect_stages`) passes each boundary's (shape, dtype) from stage to
-stage and runs each forward on it. Here each forward runs under `StageCheck.probe`: any
+`connect_stages` passes each boundary's (shape, dtype) from stage to stage and runs each
+forward on it, under `StageCheck.probe`: any
 exception is kept rather than raised, and a training forward runs twice and must give the
 same result (a layer that draws its own random numbers would draw others when pipe's
 backward runs it again). Then one all-reduce (`StageCheck.agree`) tells every rank of
@@ -19,13 +19,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.batchnorm import buffers_kept
-from pipe.core.chunk import arguments, variable
-from pipe.core.wire import DTYPES, HEADER, Parts, carrier, elements, example, read_header, spec_of, write_header
-from pipe.normalized_loss import check_count, is_counted
-from pipe.watchdog import PeerFailed, first_line
+from pipe.features.batchnorm import buffers_kept
+from pipe.layers import arguments, variable
+from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
+                       spec_of, write_header)
+from pipe.features.token_loss import check_count, is_counted
+from pipe.ops.watchdog import PeerFailed, first_line
 
-__all__ = ["StageCheck", "RandomLayer", "check_input", "agreed", "probe", "describe_layer"]
+__all__ = ["connect_stages", "StageCheck", "RandomLayer", "check_input", "agreed", "probe",
+           "describe_layer"]
 
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 ONE = ms.Tensor(1.0, ms.float32)              # the loss gradient's scale a check runs with
@@ -51,11 +53,31 @@ class Failure(NamedTuple):
     error: object
 
 
+def connect_stages(schedule, stage, wire, ranks, first_input, probe):
+    """Agree on what crosses each boundary: in virtual-stage order, a stage learns its
+    input's spec (the batch's, or a header from the stage before), runs its forward on it
+    (`probe(chunk, vs, spec)`: the output's spec, or None after a failure) and tells the
+    next stage. Returns this rank's messages (`ranks`: its pipeline's, by stage)."""
+    specs = {}
+    for c in range(schedule.chunks_per_stage):
+        vs = schedule.virtual_stage(stage, c)
+        if vs == 0:
+            specs[vs] = spec_of(first_input)
+        elif not schedule.holds(stage, vs - 1):   # (held: this stage's own output)
+            specs[vs] = read_header(wire.recv((HEADER,), ms.int32, ranks[schedule.stage_of(vs - 1)],
+                                              schedule.free_tag).asnumpy())
+        specs[vs + 1] = None if specs[vs] is None else probe(c, vs, specs[vs])
+        if vs + 1 < schedule.virtual_stages and not schedule.holds(stage, vs + 1):
+            wire.send(ms.Tensor(write_header(specs[vs + 1])), ranks[schedule.stage_of(vs + 1)],
+                      schedule.free_tag)
+    return PointToPoint(wire, ranks, specs)
+
+
 # ---- one chunk's forward, run before the first step -----------------------------------
 def probe(chunk, x, labels, training=True, runs=2):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
     leaving the buffers as they were; returns the spec of its output (on the model's last
-    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.normalized_loss),
+    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.features.token_loss),
     whose count must then depend on the labels alone (`check_count`).
     A training forward runs `runs` times, twice before the first step: if they differ,
     `RandomLayer` names the layer; a later shape (the layers are the same) runs once, so a
@@ -235,7 +257,7 @@ def failure_text(vs, kind, expected, spec, bounds, stages, carried):
 
 # ---- the check, on every rank ------------------------------------------------------------
 class StageCheck:
-    """Core's `connect_stages` probe, keeping this rank's first failure, and `agree`, which
+    """`connect_stages`' probe, keeping this rank's first failure, and `agree`, which
     fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage, over
     `stages` stages."""
 

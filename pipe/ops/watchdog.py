@@ -19,7 +19,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from pipe.simulator import format_position
+from pipe.ops.simulator import format_position
 
 __all__ = ["PipelineError", "PeerFailed", "WireTimeout", "Watch", "Watchdog",
            "end_job_on_uncaught", "end_job", "first_line"]
@@ -39,7 +39,7 @@ class WireTimeout(RuntimeError):
 
 def has_deadlines(wire):
     """Whether the wire's own waits end: one process, or a wire that polls against a
-    deadline and can tell its peers (pipe.deadlines.DeadlineWire, which has `abort`)."""
+    deadline and can tell its peers (pipe.ops.deadlines.DeadlineWire, which has `abort`)."""
     return wire.size == 1 or hasattr(wire, "abort")
 
 

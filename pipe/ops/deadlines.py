@@ -1,19 +1,18 @@
 """Waits that end: a deadline on every CPU wait, and a failing rank that tells the others.
 
-Core's `MpiWire` blocks in each wait. `DeadlineWire` polls instead: a wait with no progress
+pipe.wire's `MpiWire` blocks in each wait. `DeadlineWire` polls instead: a wait with no progress
 for `timeout` seconds raises `WireTimeout`, and a rank that fails first sends every other
 rank a short notice (`abort`), on a tag of its own that every wait also polls for, so a
 peer waiting on it stops at once with a line naming it (`PeerFailed`) instead of waiting
-out its deadline. NCCL/HCCL waits cannot time out: there the watchdog (pipe.watchdog)
+out its deadline. NCCL/HCCL waits cannot time out: there the watchdog (pipe.ops.watchdog)
 keeps the deadline, and msrun ends the other workers when one exits with an error
-(pipe.watchdog.end_job).
+(pipe.ops.watchdog.end_job).
 """
 import sys
 import time
 
-from pipe.core import wire as core
-from pipe.core.wire import MpiWire, SoloWire
-from pipe.watchdog import PeerFailed, WireTimeout
+from pipe.wire import MpiWire, SoloWire, connect as launched_wire
+from pipe.ops.watchdog import PeerFailed, WireTimeout
 
 __all__ = ["DeadlineWire", "connect"]
 
@@ -59,6 +58,6 @@ def connect(device, timeout):
     """The wire for this process: on CPU, mpi4py with deadlines (one process without
     `mpiexec`); on GPU/Ascend, MindSpore's in a job `msrun` started (it sets MS_WORKER_NUM)."""
     if device != "CPU":
-        return core.connect(device)
+        return launched_wire(device)
     wire = DeadlineWire(timeout)
     return wire if wire.size > 1 else SoloWire()

@@ -7,7 +7,7 @@ would hang on real hardware: `Deadlock` names every stage and what it waits for.
 """
 from dataclasses import dataclass
 
-from pipe.core.schedule import lower, message_key
+from pipe.schedule import lower, message_key
 from pipe.schedules import make_schedule, micro_batches_of
 
 __all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position",
@@ -160,7 +160,7 @@ def checked_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgra
 
 
 def _compute_spans(trace_path):
-    """The F, B, I and W spans of a recorded trace (pipe.trace), each {"name", "pid", "ts", "dur"}."""
+    """The F, B, I and W spans of a recorded trace (pipe.ops.trace), each {"name", "pid", "ts", "dur"}."""
     import json
     import re
     with open(trace_path) as f:
@@ -169,7 +169,7 @@ def _compute_spans(trace_path):
 
 
 def measured_costs(trace_path):
-    """(F, I, W) median durations per micro-batch from a recorded trace (pipe.trace): a W
+    """(F, I, W) median durations per micro-batch from a recorded trace (pipe.ops.trace): a W
     deferred to the flush (`W*`) counts for every micro-batch, as many as there are
     forwards of one chunk. Without I and W actions in the trace, W is 0 and the whole
     backward (B) stands for I."""

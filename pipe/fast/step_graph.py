@@ -6,19 +6,19 @@ models and deep pipelines. `StepGraph` runs the very handlers the loop runs
 (pipe.actions.Actions) inside one `ms.jit`: MindSpore traces them once per batch shape,
 each action's chunk cell inlined and each message the wire's in-graph operator. The
 messages keep the list's order because each takes a token from the one before
-(`ops.depend`); the list's order is deadlock-free (pipe.simulator), so the graph is too.
+(`ops.depend`); the list's order is deadlock-free (pipe.ops.simulator), so the graph is too.
 One call then runs the step: F, B, I, W and messages, the gradients summed per chunk, and,
 when nothing has to be summed with other ranks first (one replica, no tied weights, no
 clipping by the global norm), the optimizer's update too. Dropout masks are drawn on the
-host as for the loop (pipe.dropout) and go in with the batch; batch norm's buffers are put
-back after each backward piece inside the graph, as in the loop (pipe.batchnorm).
+host as for the loop (pipe.features.dropout) and go in with the batch; batch norm's buffers are put
+back after each backward piece inside the graph, as in the loop (pipe.features.batchnorm).
 """
 import numpy as np
 from mindspore import nn, ops
 
 from pipe.compiled import executor
-from pipe.core.engine import as_tensor
-from pipe.normalized_loss import loss_sum
+from pipe.batch import as_tensor
+from pipe.features.token_loss import loss_sum
 
 __all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
 
@@ -47,12 +47,12 @@ OUTPUTS = ("loss", "grads", "sent", "overflow", "count")
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     micro-batch first, the loss gradient's scale, 1 / S, the global batch's labels) ->
-    (this rank's micro-batch losses summed (pipe.normalized_loss.loss_sum), the summed
+    (this rank's micro-batch losses summed (pipe.features.token_loss.loss_sum), the summed
     weight gradients of each of its chunks, a token set once its messages are done, 1.0 if
     a gradient overflowed else 0.0, the global batch's count). Given `counter` (a (sum,
     count) loss), the graph counts first and divides the scale by the count. Given `update`
     (the optimizer over the chunks' parameters, in order), it steps too, and hands back no
-    gradients; given `unscale` too (fp16 on one rank: pipe.precision.Unscale), the
+    gradients; given `unscale` too (fp16 on one rank: pipe.features.precision.Unscale), the
     gradients are divided by S first and the step is taken only if none overflowed, as
     MindSpore's TrainOneStepWithLossScaleCell does.
 
@@ -77,12 +77,12 @@ class StepGraph(nn.Cell):
     after the optimizer's, one by one, at the GPT's fp16 step's end).
 
     With other ranks, the engine compiles it first (`prepare`, which runs nothing) on every
-    rank at once (pipe.handshake.agreed): a graph that fails to compile on one rank is
+    rank at once (pipe.ops.handshake.agreed): a graph that fails to compile on one rank is
     refused on all before any of them waits on a message."""
 
     def __init__(self, actions, update=None, unscale=None, counter=None, constants=None):
         """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
-        `counter`: a (sum, count) loss's pipe.normalized_loss.TokenCount; `constants`:
+        `counter`: a (sum, count) loss's pipe.features.token_loss.TokenCount; `constants`:
         {input name: its value every step}."""
         super().__init__(auto_prefix=False)
         self.actions, self.update, self.unscale, self.counter = actions, update, unscale, counter

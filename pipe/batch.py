@@ -1,0 +1,42 @@
+"""Micro-batches: the global batch's rows, cut for one replica into M pieces."""
+from dataclasses import dataclass
+from functools import cached_property
+
+import mindspore as ms
+import numpy as np
+
+__all__ = ["MicroBatches", "split", "as_tensor"]
+
+
+@dataclass
+class MicroBatches:
+    """A step's micro-batches: `cut`, each one's rows of `source` (inputs, labels)."""
+    source: tuple
+    cut: list
+
+    @cached_property
+    def inputs(self):
+        return [as_tensor(self.source[0][c]) for c in self.cut]
+
+    @cached_property
+    def labels(self):
+        return [as_tensor(self.source[1][c]) for c in self.cut]
+
+    @cached_property
+    def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators
+        return tuple((self.cut[0].stop - self.cut[0].start, *np.shape(a)[1:]) for a in self.source)
+
+
+def as_tensor(array):
+    return array if isinstance(array, ms.Tensor) else ms.Tensor(np.asarray(array))
+
+
+def split(config, inputs, labels, replica):
+    """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
+    M, D, n = config.micro_batches, config.data_parallel, len(inputs)
+    if n != config.batch_size or len(labels) != n:
+        raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "
+                         f"batch_size={config.batch_size} is configured")
+    size = config.batch_size // (D * M)
+    return MicroBatches((inputs, labels), [slice((replica * M + m) * size, (replica * M + m + 1) * size)
+                                           for m in range(M)])

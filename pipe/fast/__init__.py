@@ -1,0 +1,1 @@
+"""Speed: the step as one compiled graph, and the modes pipe chooses when the config leaves them."""
