@@ -48,8 +48,7 @@ def mixed_precision_step(model, loss_fn, optimizer, scale=2.0 ** 16):
     loss in float32, a dynamic loss scale (started where pipe's starts; MindSpore's manager
     would start at 2**24) and the step skipped on an overflow. The same work as pipe's fp16,
     as one compiled graph in either mode: the training cell it builds, called as a Cell in
-    PyNative mode (the probes' mode), runs operator by operator, 3.8-4.8x slower on the small
-    MLP (benchmarks/log.md, section 52); benchmark.py runs it in graph mode."""
+    PyNative mode, runs operator by operator; benchmark.py runs it in graph mode."""
     manager = ms.amp.DynamicLossScaleManager(scale, 2, 2000)
     cell = ms.amp.build_train_network(model, optimizer, loss_fn, level="O2", loss_scale_manager=manager)
     cell.set_train()

@@ -33,12 +33,20 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 import model as gpt  # noqa: E402  (the example's own module)
 from benchmark import peak_memory, set_tf32  # noqa: E402
 from timing import add_turn_flags, median_windows, turn  # noqa: E402
-from pipe.ops import cli  # noqa: E402
-from pipe.features.builders import LayerBuilders  # noqa: E402
-from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag, add_speed_flags, positive_int,  # noqa: E402
-                      precision_name, use_device)
+
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.features.builders import LayerBuilders  # noqa: E402
+from pipe.ops import cli  # noqa: E402
+from pipe.ops.cli import (  # noqa: E402
+    Parser,
+    add_memory_plan_flag,
+    add_precision_flag,
+    add_speed_flags,
+    positive_int,
+    precision_name,
+    use_device,
+)
 from pipe.schedules import SCHEDULES  # noqa: E402
 
 
@@ -108,7 +116,7 @@ class TokenMean(nn.Cell):
 class OwnStep(nn.Cell):
     """MindSpore's own training step: the token mean's gradients and Adam, one graph (with
     `half`: float16 layers, float32 logits, the loss x S and the gradients / S, checked
-    finite, Adam stepping whatever they hold: benchmarks/probes/fp16_trace.py)."""
+    finite, Adam stepping whatever they hold: a timing, not a recipe)."""
 
     def __init__(self, model, half, scale=2.0 ** 16, optimizer=None):
         super().__init__()

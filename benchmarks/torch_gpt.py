@@ -21,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+
 try:
     import torch
     from torch import nn

@@ -27,8 +27,9 @@ except ImportError:      # (one line and exit code 2, as every program here answ
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipe.ops.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 from timing import median_windows  # noqa: E402
+
+from pipe.ops.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
              "zb-v": ("ScheduleZBVZeroBubble", 2), "dualpipe-v": ("ScheduleDualPipeV", 2)}

@@ -15,15 +15,16 @@ With `--defer-wgrad` every schedule runs its weight gradients at the flush (`W*`
 import sys
 
 from pipe import schedules
-from pipe.ops.cli import Parser
 from pipe.config import PipelineConfig, as_flags
+from pipe.ops.cli import Parser
 from pipe.ops.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
-                            measured_costs, simulate)
+                                measured_costs, simulate)
 
 
 def peaks(schedule):
     """Each stage's peak activation memory, in micro-batches of a whole stage."""
-    return [schedules.peak_in_flight(schedule, s) / schedule.chunks_per_stage for s in range(schedule.stages)]
+    return [schedules.peak_in_flight(schedule, s) / schedule.chunks_per_stage
+            for s in range(schedule.stages)]
 
 
 def messages(schedule):
@@ -36,7 +37,9 @@ def compare(stages, micro_batches, chunks_per_stage, cost, defer_wgrad):
           + (", W* at the flush" if defer_wgrad else ""))
     print(f"{'schedule':24} {'bubble':>7}  {'messages':>8}  peak memory per stage (micro-batches)")
     for name in schedules.SCHEDULES:
-        v = chunks_per_stage if name == "interleaved-1f1b" else schedules.CHUNKS_PER_STAGE.get(name, 1)
+        v = schedules.CHUNKS_PER_STAGE.get(name, 1)
+        if name == "interleaved-1f1b":
+            v = chunks_per_stage
         try:
             schedule = checked_schedule(name, stages, micro_batches, v, defer_wgrad)
         except ValueError as e:
@@ -92,9 +95,10 @@ def main(argv=None):
         cost = measured_costs(args.measured) if args.measured else args.cost
         traced = measured_bubble(args.measured) if args.measured else None
         if args.schedule == "all":
-            return compare(args.stages, args.micro_batches, config.chunks_per_stage, cost, args.defer_wgrad)
-        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches, config.chunks_per_stage,
-                                    args.defer_wgrad)
+            return compare(args.stages, args.micro_batches, config.chunks_per_stage, cost,
+                           args.defer_wgrad)
+        schedule = checked_schedule(args.schedule, args.stages, args.micro_batches,
+                                    config.chunks_per_stage, args.defer_wgrad)
     except ValueError as e:          # one line naming the value and the fix, exit code 2
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         raise SystemExit(2)

@@ -25,8 +25,8 @@ from mindspore import nn, ops
 from pipe.features import recompute
 from pipe.layers import arguments, variable, with_sums
 from pipe.schedule import message_key, message_tag
-from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 from pipe.schedules import EVERY
+from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 
 __all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
 
@@ -120,7 +120,8 @@ class Actions(nn.Cell):
         self.recompute = layout.config.recompute
         self.micro_batches = layout.config.micro_batches
         actions = layout.schedule.actions[layout.stage]
-        self.messages = nn.CellList([Message(p2p, a, compiled) for a in actions if not a.is_compute],
+        messages = [Message(p2p, a, compiled) for a in actions if not a.is_compute]
+        self.messages = nn.CellList(messages,
                                    auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
         # In a graph, tokens keep the list's order: its messages', and its F and B interleaved,
@@ -166,7 +167,8 @@ class Actions(nn.Cell):
         on what arrived; its output handed on, or on the last chunk, its loss kept."""
         inputs, labels, masks, scale = data
         unit = mb * self.count + c               # this micro-batch on chunk c
-        x = variable(self.order(inputs[mb] if takes < 0 else take(state["flight"], takes), state["done"]))
+        x = inputs[mb] if takes < 0 else take(state["flight"], takes)
+        x = variable(self.order(x, state["done"]))
         y = labels[mb] if self.last[c] else self.no_labels
         out, residuals = self.forwards[c](x, y, scale, masks[unit])
         state["done"] = self.order(state["done"], out)
@@ -302,7 +304,9 @@ class Message(nn.Cell):
         parts = value if self.is_tuple else (value,)
         for i in range(len(parts)):
             if self.travels[i]:
-                part = parts[i] if parts[i].dtype == self.carriers[i] else parts[i].astype(self.carriers[i])
+                part = parts[i]
+                if part.dtype != self.carriers[i]:
+                    part = part.astype(self.carriers[i])
                 token = self.order(token, self.wire_ops[i](self.order(part, token)))
         return token
 

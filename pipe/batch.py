@@ -38,5 +38,6 @@ def split(config, inputs, labels, replica):
         raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "
                          f"batch_size={config.batch_size} is configured")
     size = config.batch_size // (D * M)
-    return MicroBatches((inputs, labels), [slice((replica * M + m) * size, (replica * M + m + 1) * size)
+    first = replica * M
+    return MicroBatches((inputs, labels), [slice((first + m) * size, (first + m + 1) * size)
                                            for m in range(M)])

@@ -9,17 +9,17 @@ list of guards, one per feature that changes what a layer keeps (precision, drop
 """
 import mindspore as ms
 
+from pipe.compiled import Compiled
 from pipe.features import dropout, relu
 from pipe.features.batchnorm import Buffers, buffers_of
-from pipe.compiled import Compiled
-from pipe.layers import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
-                             last_first, leaves, residual_indices)
 from pipe.features.dropout import Masks, is_dropout
-from pipe.features.token_loss import LossTerm
-from pipe.features.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients, keeps_float32_input,
-                            to_half)
-from pipe.ops.predict import Infer
+from pipe.features.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients,
+                                     keeps_float32_input, to_half)
 from pipe.features.relu import is_relu
+from pipe.features.token_loss import LossTerm
+from pipe.layers import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
+                         last_first, leaves, residual_indices)
+from pipe.ops.predict import Infer
 from pipe.split_backward import split_cells
 
 __all__ = ["Chunk"]

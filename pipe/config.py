@@ -39,12 +39,12 @@ class PipelineConfig:
     chunks_per_stage: Optional[int] = None   # v (None: pipe.schedules.CHUNKS_PER_STAGE's)
     partition: Union[str, list] = "uniform"  # "uniform", "parameters", "time", or layer counts
     recompute: bool = False              # keep only stage inputs; rerun the forward in backward
-    defer_wgrad: Optional[bool] = None   # weight gradients at the flush, over all micro-batches at once
+    defer_wgrad: Optional[bool] = None   # W at the flush, over all micro-batches' rows at once
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
-    one_graph: Optional[bool] = None     # run each step as one compiled graph (pipe.fast.step_graph)
-    precision: str = "fp32"              # "fp16": half-precision compute, loss scaled (pipe.features.precision)
-    tf32: bool = False                   # GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)
+    one_graph: Optional[bool] = None     # each step as one compiled graph (pipe.fast.step_graph)
+    precision: str = "fp32"              # "fp16": float16 compute, loss scaled (features.precision)
+    tf32: bool = False                   # GPU: float32 products in TF32 (faster, 10-bit mantissa)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
     loss_scale_window: int = 2000        # fp16: clean steps before S doubles
     clip_grad_norm: float = 0.0          # > 0: scale the gradients to at most this global L2 norm
@@ -56,13 +56,15 @@ class PipelineConfig:
     def check(self):
         """Every mistake that can be found without talking to another rank."""
         if not isinstance(self.chunks_per_stage, int) or self.chunks_per_stage < 1:
-            raise ValueError(f"chunks_per_stage={self.chunks_per_stage!r} must be a positive integer")
+            raise ValueError(f"chunks_per_stage={self.chunks_per_stage!r} must be a positive "
+                             "integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if self.precision == "bf16":
             raise ValueError("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 "
                              "kernels on CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul "
-                             "on CPU); use precision='fp16' (with loss scaling) or precision='fp32'")
+                             "on CPU); use precision='fp16' (with loss scaling) or "
+                             "precision='fp32'")
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision={self.precision!r} must be 'fp32' or 'fp16'")
         if not isinstance(self.tf32, bool):
@@ -74,7 +76,8 @@ class PipelineConfig:
         if not 1 <= self.loss_scale < float("inf"):
             raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
         if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:
-            raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive integer")
+            raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive "
+                             "integer")
         if not 0 <= self.clip_grad_norm < float("inf"):
             raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
                              "positive finite number")

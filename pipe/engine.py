@@ -3,11 +3,10 @@
     engine = PipelineEngine(model, loss_fn, make_optimizer, PipelineConfig(stages=2, ...))
     loss = engine.train_step(inputs, labels)    # the global mini-batch, same on every rank
 
-Every rank builds the same full model (same seed) or, given layer builders, only its own
-layers (pipe.features.builders); it keeps its stage's layers (pipe.layout) and walks its list of
-schedule actions (pipe.schedules): F, B, I, W and the messages between them, one call
-each (pipe.actions), or with `one_graph` the same handlers traced into one compiled graph
-(pipe.fast.step_graph). `train_step` reads top to bottom; each feature is a line of it or a guard.
+Each rank keeps its stage's layers (pipe.layout) and runs its list of schedule actions:
+F, B, I, W and the messages between them, one handler call each (pipe.actions), or the
+same handlers traced into one compiled graph (pipe.fast.step_graph). `train_step` reads
+top to bottom; each feature is a line of it or a guard.
 """
 import math
 import os
@@ -17,27 +16,32 @@ from dataclasses import replace
 
 import mindspore as ms
 
-from pipe.ops import checkpoint, predict
 from pipe.actions import Actions
+from pipe.batch import as_tensor, split
+from pipe.compiled import Compiled
+from pipe.fast.defaults import LEFT, action_flops, announce, choose_graph, most_of
+from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.features.batchnorm import average_buffers
 from pipe.features.clip import clip_by_global_norm
-from pipe.compiled import Compiled
-from pipe.batch import as_tensor, split
+from pipe.features.dropout import draws
+from pipe.features.precision import LossScaler, set_matmul_precision
+from pipe.features.tied import fold_repeats, sum_copies
+from pipe.features.token_loss import TokenCount, loss_sum
+from pipe.layout import plan
+from pipe.ops import checkpoint, predict
+from pipe.ops.deadlines import connect
+from pipe.ops.handshake import StageCheck, agreed, connect_stages
+from pipe.ops.memory import Memory
+from pipe.ops.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 from pipe.topology import Topology
 from pipe.wire import sum_over
-from pipe.ops.deadlines import connect
-from pipe.fast.defaults import LEFT, action_flops, announce, choose_graph, most_of
-from pipe.features.dropout import draws
-from pipe.ops.handshake import StageCheck, agreed, connect_stages
-from pipe.layout import plan
-from pipe.ops.memory import Memory
-from pipe.features.token_loss import TokenCount, loss_sum
-from pipe.features.precision import LossScaler, set_matmul_precision
-from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
-from pipe.features.tied import fold_repeats, sum_copies
-from pipe.ops.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
 
 __all__ = ["PipelineEngine", "PipelineError", "prepare_process"]
+
+
+def flat(summed):
+    """Each chunk's gradient sums, one after the other."""
+    return tuple(g for grads in summed for g in grads)
 
 
 def prepare_process(config, wire):
@@ -47,7 +51,8 @@ def prepare_process(config, wire):
     when the config says so."""
     if wire.size > 1:
         end_job_on_uncaught(wire)
-    os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), f"pipe-compile-rank{wire.rank}"))
+    reports = os.path.join(tempfile.gettempdir(), f"pipe-compile-rank{wire.rank}")
+    os.environ.setdefault("MS_OM_PATH", reports)
     set_matmul_precision(config)
 
 
@@ -69,13 +74,15 @@ class PipelineEngine:
         prepare_process(config, self.wire)
         self.topo = Topology(config.stages, config.data_parallel)
         self.topo.check_world_size(self.wire.size)
-        self.stage, self.replica = self.topo.stage_of(self.wire.rank), self.topo.replica_of(self.wire.rank)
+        self.stage = self.topo.stage_of(self.wire.rank)
+        self.replica = self.topo.replica_of(self.wire.rank)
         self.layout = plan(model, loss_fn, config, self.wire, sample, self.left)
         self.schedule, self.chunks = self.layout.schedule, self.layout.chunks
         self.optimizer = make_optimizer(self.layout.params)
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
         self.step = 0                    # optimizer steps taken
-        self.one_graph = self.update_in_graph = None   # how steps run (run_as; pipe's choice: choose)
+        # how steps run (run_as; pipe's choice: choose)
+        self.one_graph = self.update_in_graph = None
         if config.one_graph is not None:
             self.run_as(config.one_graph)
         self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
@@ -83,7 +90,8 @@ class PipelineEngine:
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
         self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
         self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
-        self.predicting = {}             # predict's batch shapes -> (handlers, messages, output spec)
+        # predict's batch shapes -> (handlers, messages, output spec)
+        self.predicting = {}
         self.loops = {}                  # batch shapes -> the handlers, run one by one
         self.graphs = {}                 # batch shapes -> the same handlers as one graph
         self.scale = None                # (value, tensor): the loss gradient's scale
@@ -148,18 +156,20 @@ class PipelineEngine:
         if not self.one_graph:
             scale, count = counter(self.counted_labels(batch), scale) if counter else (scale, None)
             actions = self.loops[batch.shapes]
-            state = self.run_loop(actions, self.schedule, actions.start(
-                self.memory.store("kept", batch.shapes), self.memory.store("waiting", batch.shapes)),
-                (batch.inputs, batch.labels, masks, scale))
+            start = actions.start(self.memory.store("kept", batch.shapes),
+                                  self.memory.store("waiting", batch.shapes))
+            state = self.run_loop(actions, self.schedule, start,
+                                  (batch.inputs, batch.labels, masks, scale))
             summed = actions.summed(state)
-            return loss_sum(state["outputs"]), tuple(g for grads in summed for g in grads), None, count
+            return loss_sum(state["outputs"]), flat(summed), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow, count = graph.call(*self.graph_inputs(graph, batch, masks, scale))
+            inputs = self.graph_inputs(graph, batch, masks, scale)
+            losses, summed, sent, overflow, count = graph.call(*inputs)
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
-        return losses, tuple(g for grads in summed for g in grads), overflowed, count if counter else None
+        return losses, flat(summed), overflowed, count if counter else None
 
     def run_loop(self, actions, schedule, state, data):
         """`actions`' program one handler at a time, each watched (and traced, if asked):
@@ -172,7 +182,8 @@ class PipelineEngine:
     def graph_inputs(self, graph, batch, masks, scale):
         """Every input of the step's `graph` (pipe.fast.step_graph.INPUTS): the replica's rows
         and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
-        return (*replica_rows(batch), masks, scale, self.inverse_scale(graph), self.counted_labels(batch))
+        return (*replica_rows(batch), masks, scale, self.inverse_scale(graph),
+                self.counted_labels(batch))
 
     def counted_labels(self, batch):
         """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
@@ -212,8 +223,10 @@ class PipelineEngine:
                 grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
             grads = sum_copies(self.wire, grads, self.layout.copies)
             if self.config.clip_grad_norm:
-                grads = clip_by_global_norm(self.wire, grads, self.norm_once, self.config.clip_grad_norm,
-                                            tuple(range(self.wire.size)), self.config.data_parallel)
+                world = tuple(range(self.wire.size))
+                grads = clip_by_global_norm(self.wire, grads, self.norm_once,
+                                            self.config.clip_grad_norm, world,
+                                            self.config.data_parallel)
             self.update(ms.mutable(grads))
 
     def step_loss(self, losses, weight):
@@ -234,15 +247,16 @@ class PipelineEngine:
         return loss
 
     def dropout_masks(self, batch, p2p, drawn=True):
-        """Each micro-batch's dropout masks for each chunk, micro-batch first (pipe.features.dropout;
-        `drawn` off: keeping every unit, for their shapes)."""
+        """Each micro-batch's dropout masks for each chunk, micro-batch first
+        (pipe.features.dropout; `drawn` off: keeping every unit, for their shapes)."""
         if not any(chunk.masks.dropouts for chunk in self.chunks):    # no dropout: none to draw
             return ((),) * (len(batch.cut) * len(self.chunks))
         step = draws(self.config, batch, self.step) if drawn else [None] * len(batch.cut)
         held = self.layout.virtual_stages_held
         masks = tuple(chunk.masks.of(p2p.specs[vs], step[m])
                       for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
-        return ms.mutable(masks) if any(masks) else masks     # (variables of the graph: pipe.features.dropout)
+        # (variables of the graph: pipe.features.dropout)
+        return ms.mutable(masks) if any(masks) else masks
 
     @property
     def defer_wgrad(self):
@@ -266,13 +280,16 @@ class PipelineEngine:
 
     # ---- before a step on new shapes ----------------------------------------------------
     def agree_shapes(self, batch, training=True):
-        """Core's walk, with every stage's forward checked (pipe.ops.handshake); in training,
-        what the config left to pipe is chosen at the first, and the step's graph is built."""
+        """The stages agree on what crosses each boundary, every stage's forward checked
+        (pipe.ops.handshake); in training, what the config left to pipe is chosen at the
+        first shapes, and the step's graph is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
-                               batch.labels[0], self.wire.dtypes, training, runs=1 if self.links else 2)
-            p2p = connect_stages(self.schedule, self.stage, self.wire,
-                                 self.topo.pipeline_ranks(self.replica), batch.inputs[0], check.probe)
+                               batch.labels[0], self.wire.dtypes, training,
+                               runs=1 if self.links else 2)
+            ranks = self.topo.pipeline_ranks(self.replica)
+            p2p = connect_stages(self.schedule, self.stage, self.wire, ranks, batch.inputs[0],
+                                 check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
             self.output_spec, counted = check.agree(self.wire, p2p.specs, last)
         if not training:
@@ -301,11 +318,12 @@ class PipelineEngine:
             constants["scale"] = scale
         if not any(masks):               # (no dropout: nothing drawn)
             constants["masks"] = masks
-        graph = StepGraph(Actions(self.layout, p2p, compiled=True), self.update if stepping else None,
-                          self.scaler.unscale_cell if stepping and self.scaler else None, counter, constants)
+        unscale = self.scaler.unscale_cell if stepping and self.scaler else None
+        graph = StepGraph(Actions(self.layout, p2p, compiled=True),
+                          self.update if stepping else None, unscale, counter, constants)
         if self.wire.size > 1:
-            agreed(self.wire, lambda: graph.prepare(*self.graph_inputs(
-                graph, batch, masks, self.loss_grad_scale(counter))), "compiling the step as one graph")
+            inputs = self.graph_inputs(graph, batch, masks, self.loss_grad_scale(counter))
+            agreed(self.wire, lambda: graph.prepare(*inputs), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):
@@ -339,7 +357,8 @@ class PipelineEngine:
             return self.wire.all_reduce(tensor, ranks)
 
     def barrier(self):
-        self.all_reduce("a barrier", ms.Tensor([0], ms.int32), tuple(range(self.wire.size))).asnumpy()
+        world = tuple(range(self.wire.size))
+        self.all_reduce("a barrier", ms.Tensor([0], ms.int32), world).asnumpy()
 
     def save(self, directory, step, meta=None):
         """Checkpoint after `step` steps: replica 0 writes each stage's parameters and

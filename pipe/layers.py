@@ -10,15 +10,15 @@ backward is dead code (dX = dY W^T, dW = dY^T X): the compiler drops it.
 import mindspore as ms
 from mindspore import nn, ops
 
-
 __all__ = ["leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
-           "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad", "Differentiable",
-           "has_bool", "arguments", "variable"]
+           "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
+           "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward"]
 
 
 def is_plain_sequence(cell):
     """A SequentialCell that only chains its children (one overriding construct is a layer)."""
-    return isinstance(cell, nn.SequentialCell) and type(cell).construct is nn.SequentialCell.construct
+    chains = type(cell).construct is nn.SequentialCell.construct
+    return isinstance(cell, nn.SequentialCell) and chains
 
 
 def leaves(cells):
@@ -99,7 +99,9 @@ class Forward(nn.Cell):
         if self.loss_fn is None:
             return x, residuals
         loss, dlogits = self.loss_and_grad(x, labels)
-        return (loss, dlogits if isinstance(scale, float) and scale == 1.0 else dlogits * scale), residuals
+        if not (isinstance(scale, float) and scale == 1.0):
+            dlogits = dlogits * scale
+        return (loss, dlogits), residuals
 
 
 class LayerGrad(nn.Cell):
@@ -168,7 +170,8 @@ def add_grads(sums, grads):
 
 
 def with_sums(sums, grads, first_sum):
-    """The sums after a backward: its `grads` if the step's first (`first_sum`), else sums + grads."""
+    """The sums after a backward: its `grads` if the step's first (`first_sum`), else
+    sums + grads."""
     return grads if first_sum else add_grads(variable(sums), variable(grads))
 
 

@@ -11,17 +11,17 @@ output head) is found by identity and listed with the ranks that hold a copy.
 from dataclasses import dataclass
 from functools import cached_property
 
-from pipe.features.batchnorm import refuse_deferred
-from pipe.features.builders import LayerBuilders
 from pipe.chunk import Chunk
 from pipe.fast.defaults import choose_defer, is_composite, most_of
-from pipe.topology import Topology
-from pipe.ops.handshake import agreed
-from pipe.partition import check_model, partition, stage_bounds, timed_costs
+from pipe.features.batchnorm import refuse_deferred
+from pipe.features.builders import LayerBuilders
 from pipe.features.precision import check_layer_precision
+from pipe.features.tied import tied_weights
+from pipe.ops.handshake import agreed
 from pipe.ops.predict import forward_only
 from pipe.ops.simulator import checked_schedule
-from pipe.features.tied import tied_weights
+from pipe.partition import check_model, partition, stage_bounds, timed_costs
+from pipe.topology import Topology
 
 __all__ = ["Layout", "build_layout", "plan", "distinct_params"]
 
@@ -91,7 +91,8 @@ class Layout:
         """The layout a checkpoint records in its meta.json (resuming may use another)."""
         c = self.config
         return {"stages": c.stages, "data_parallel": c.data_parallel, "schedule": c.schedule,
-                "chunks_per_stage": c.chunks_per_stage, "bounds": [list(b) for b in self.all_bounds]}
+                "chunks_per_stage": c.chunks_per_stage,
+                "bounds": [list(b) for b in self.all_bounds]}
 
 
 def distinct_params(chunks):
@@ -103,7 +104,8 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
     `sample` (one micro-batch of inputs) is needed by partition="time" to time layers.
-    `left`: the switches the config left to pipe (pipe.fast.defaults); defer_wgrad is chosen here."""
+    `left`: the switches the config left to pipe (pipe.fast.defaults); defer_wgrad is
+    chosen here."""
     if isinstance(model, (list, tuple)):
         model = LayerBuilders(model, config.seed)
         if config.partition in ("parameters", "time"):
@@ -151,7 +153,8 @@ def build_layout(model, loss_fn, config, rank, costs):
     refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
-            p.name = name        # the stage's wrapper cells renamed it; optimizers want unique names
+            # the stage's wrapper cells renamed it; optimizers want unique names
+            p.name = name
     tied = tied_weights(
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])

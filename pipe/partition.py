@@ -7,8 +7,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.layers import is_plain_sequence, leaves
 from pipe.features.sequential import Sequential
+from pipe.layers import is_plain_sequence, leaves
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
            "timed_costs", "whole_model_names"]
@@ -20,7 +20,8 @@ def check_model(model):
     if not isinstance(model, nn.SequentialCell):
         raise TypeError(f"pipe splits an nn.SequentialCell into stages, layer by layer; the model "
                         f"is a {name}: list its layers in an nn.SequentialCell")
-    if not (is_plain_sequence(model) or type(model) is Sequential):   # (pipe's own chains as pipe does)
+    # (pipe's own chains as pipe does)
+    if not (is_plain_sequence(model) or type(model) is Sequential):
         raise TypeError(f"the model is a {name}, a SequentialCell subclass with its own construct: "
                         "pipe would split it by its children and skip that construct; wrap the "
                         "block with the skip connection as one layer of a plain nn.SequentialCell")
@@ -60,7 +61,8 @@ def balance(costs, stages):
         options = []
         for end in range(start + 1, len(costs) - groups + 2):
             rest_cost, rest_sizes = best(end, groups - 1)
-            options.append((max(prefix[end] - prefix[start], rest_cost), (end - start,) + rest_sizes))
+            cost = max(prefix[end] - prefix[start], rest_cost)
+            options.append((cost, (end - start,) + rest_sizes))
         return min(options, key=lambda o: o[0])
 
     return list(best(0, stages)[1])
@@ -110,9 +112,9 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks
         raise ValueError(
             f"cannot split {layers} layers into stages={stages}: every stage needs at least one "
             f"layer; use stages={layers} or fewer, or a deeper model" if chunks_per_stage == 1 else
-            f"cannot split {layers} layers into stages={stages} x chunks_per_stage={chunks_per_stage} = "
-            f"{stages * chunks_per_stage} virtual stages: every one needs at least one layer; use fewer "
-            "stages or chunks_per_stage, or a deeper model")
+            f"cannot split {layers} layers into stages={stages} x chunks_per_stage="
+            f"{chunks_per_stage} = {stages * chunks_per_stage} virtual stages: every one needs "
+            "at least one layer; use fewer stages or chunks_per_stage, or a deeper model")
     stages *= chunks_per_stage
     if isinstance(method, tuple):
         if len(method) != layers:
@@ -169,7 +171,8 @@ def timed_costs(model, sample, wire, world):
     """Per-layer costs for partition="time". Every rank times every layer on its device and
     the all-reduced mean is the same everywhere, so every rank computes the same split."""
     if sample is None:
-        raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time the layers')
+        raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time '
+                         'the layers')
     costs = np.array(profile_layers(model, ms.Tensor(np.asarray(sample))), np.float32)
     total = wire.all_reduce(ms.Tensor(costs), tuple(range(world))).asnumpy()
     return tuple(float(c) / world for c in total)

@@ -84,7 +84,8 @@ def one_f_one_b(stages, micro_batches):
     Stage s runs P-s-1 warm-up forwards, then alternates one forward and one backward in the
     steady state, then drains the remaining backwards in the cool-down:
 
-        stage0: F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3    warm-up F0 F1 | steady F2 B0 F3 B1 | cool-down B2 B3
+        stage0: F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3   warm-up F0 F1 | steady F2 B0 F3 B1 |
+                                                      cool-down B2 B3
         stage1: .  F0 F1 .  B0 F2 B1 F3 B2 .  B3
         stage2: .  .  F0 B0 F1 B1 F2 B2 F3 B3
 
@@ -154,7 +155,8 @@ def lower(schedule):
             mine, theirs = (sends[stage], recvs[action.peer]) if action.kind[0] == "s" else \
                 (recvs[stage], sends[action.peer])
             key = message_key(schedule, stage, action)
-            match = [o for o in theirs if o.peer == stage and message_key(schedule, action.peer, o) == key]
+            match = [o for o in theirs
+                     if o.peer == stage and message_key(schedule, action.peer, o) == key]
             if match:
                 out[stage].append(action)
                 out[action.peer].append(match[0])
@@ -181,7 +183,8 @@ def lower(schedule):
         moved = any([pair(s) for s in stages])     # a list: every stage pairs
         if not advance_least_computed(carry_sends=False) and not moved and \
                 not advance_least_computed(carry_sends=True):
-            stuck = {s: [str(a) for a in sends[s] + recvs[s]] for s in stages if sends[s] or recvs[s]}
+            stuck = {s: [str(a) for a in sends[s] + recvs[s]]
+                     for s in stages if sends[s] or recvs[s]}
             raise ValueError(f"schedule {schedule.name!r} can never complete: messages that no "
                              f"stage will ever pair, per stage: {stuck}")
     return replace(schedule, actions=out)

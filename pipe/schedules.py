@@ -72,7 +72,9 @@ def interleaved_1f1b(stages, micro_batches, chunks_per_stage=2):
         """The k-th forward (or backward) of a stage: (micro-batch, chunk)."""
         group, within = divmod(k, stages * chunks_per_stage)
         chunk = within // stages
-        return group * stages + within % stages, (chunks_per_stage - 1 - chunk) if backward else chunk
+        if backward:
+            chunk = chunks_per_stage - 1 - chunk
+        return group * stages + within % stages, chunk
 
     actions = []
     for stage in range(stages):
@@ -252,7 +254,8 @@ def dualpipe_v(stages, micro_batches):
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
              "zb-h1": zb_h1, "zb-v": zb_v, "dualpipe-v": dualpipe_v}
-CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}   # default chunks per stage; else 1
+# default chunks per stage; else 1
+CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}
 
 
 def with_deferred_wgrad(schedule):

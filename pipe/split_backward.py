@@ -14,7 +14,8 @@ I keeps those gradients (tiny), and W adds up those of its micro-batches.
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.layers import Differentiable, LayerGrad, arguments, gradient_positions, has_bool, per_weight
+from pipe.layers import (Differentiable, LayerGrad, arguments, gradient_positions, has_bool,
+                         per_weight)
 
 __all__ = ["split_cells", "rows_of"]
 
@@ -104,12 +105,9 @@ def split_cells(chunk):
 
 def rows_of(entries):
     """What W reads, from the `waiting` entries of one or more micro-batches: each tensor
-    (or each element of a tuple) holds the rows of all, in their order. Joined, one product
-    per layer replaces M products, M casts and M - 1 sums of the weights' size; on the GPT
-    at M=4 its Concats took about as long as those launches (benchmarks/log.md section 41).
-    W calls it inside its compiled call, in the loop as in the step's graph: the compiler
-    drops each join that no product reads (a layer's argument its weights' gradients do not
-    depend on), and the loop dispatches no Concat one by one."""
+    (or each element of a tuple) holds the rows of all, in their order: one product per
+    layer instead of M products and M - 1 sums. W calls it inside its compiled call, where
+    the compiler drops each join that no product reads."""
     if len(entries) == 1:
         return entries[0]
     rows = ()

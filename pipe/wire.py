@@ -63,11 +63,13 @@ class MpiWire:
 
     def send_array(self, array, dst, tag):
         data = np.ascontiguousarray(array)     # sent as bytes: MPI has no float16
-        self.wait(self.world.Issend([data, self.MPI.BYTE], dst, tag), f"send (tag {tag}) to rank {dst}")
+        self.wait(self.world.Issend([data, self.MPI.BYTE], dst, tag),
+                  f"send (tag {tag}) to rank {dst}")
 
     def recv_array(self, shape, dtype, src, tag):
         data = np.empty(shape, WIRE_DTYPES[dtype])
-        self.wait(self.world.Irecv([data, self.MPI.BYTE], src, tag), f"receive (tag {tag}) from rank {src}")
+        self.wait(self.world.Irecv([data, self.MPI.BYTE], src, tag),
+                  f"receive (tag {tag}) from rank {src}")
         return data
 
     def all_reduce(self, tensor, ranks):
@@ -125,7 +127,8 @@ class MindSporeWire:
 def connect(device):
     """This process's wire: MindSpore's on GPU/Ascend under `msrun` (MS_WORKER_NUM), else mpi4py."""
     if device != "CPU":
-        return MindSporeWire(device) if int(os.environ.get("MS_WORKER_NUM", "1")) > 1 else SoloWire()
+        launched = int(os.environ.get("MS_WORKER_NUM", "1")) > 1
+        return MindSporeWire(device) if launched else SoloWire()
     wire = MpiWire()
     return wire if wire.size > 1 else SoloWire()
 
@@ -165,7 +168,8 @@ def write_header(spec):
 def read_header(header):
     parts, k = [], 1
     for _ in range(max(1, header[0])):
-        parts.append((tuple(int(d) for d in header[k + 2:k + 2 + header[k]]), DTYPES[int(header[k + 1])]))
+        shape = tuple(int(d) for d in header[k + 2:k + 2 + header[k]])
+        parts.append((shape, DTYPES[int(header[k + 1])]))
         k += 2 + header[k]
     return None if header[0] < 0 else Parts(parts) if header[0] else parts[0]
 
@@ -183,4 +187,5 @@ def sum_over(wire, grads, ranks):
     if len(ranks) == 1 or not grads:
         return tuple(grads)
     flat = wire.all_reduce(ms.ops.cat([g.reshape(-1) for g in grads]), ranks)
-    return tuple(p.reshape(g.shape) for g, p in zip(grads, ms.ops.split(flat, [g.size for g in grads])))
+    pieces = ms.ops.split(flat, [g.size for g in grads])
+    return tuple(p.reshape(g.shape) for g, p in zip(grads, pieces))

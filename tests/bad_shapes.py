@@ -6,9 +6,9 @@ import sys
 
 import mindspore as ms
 import numpy as np
+from launch import loop_config
 from mindspore import nn
 
-from launch import loop_config
 from pipe.engine import PipelineEngine, PipelineError
 
 ms.set_device("CPU")

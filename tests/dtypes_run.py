@@ -10,13 +10,13 @@ layer on each virtual stage, so the tuple crosses a rank boundary and a chunk bo
 """
 import mindspore as ms
 import numpy as np
+from launch import loop_config
 from mindspore import nn, ops
 
-from launch import loop_config
-from pipe.wire import elements
-from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
 from pipe.features.sequential import Sequential
+from pipe.ops.deadlines import DeadlineWire
+from pipe.wire import elements
 
 BATCH, STEPS, WIDTH = 8, 2, 8
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")

@@ -14,12 +14,12 @@ import sys
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
-
-from pipe.ops.deadlines import connect
 from launch import loop_config
-from pipe.engine import PipelineEngine
+from mindspore import nn
 from user_layers import Attending, HiddenDropout, NoBackward, Tagging, TiedHead, Untagging
+
+from pipe.engine import PipelineEngine
+from pipe.ops.deadlines import connect
 
 DEVICE = sys.argv[2] if len(sys.argv) > 2 else "CPU"
 ms.set_device(DEVICE)

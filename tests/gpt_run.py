@@ -9,13 +9,13 @@ batch's token mean.
 """
 import mindspore as ms
 import numpy as np
-from mindspore import nn
-
 from launch import load_example, loop_config
+from mindspore import nn
 from mlp_run import fp16_steps
+
+from pipe.engine import PipelineEngine
 from pipe.features.builders import LayerBuilders
 from pipe.ops.deadlines import DeadlineWire
-from pipe.engine import PipelineEngine
 
 gpt = load_example("gpt_model", "gpt", "model.py")
 

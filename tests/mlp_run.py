@@ -9,13 +9,13 @@ import gc
 
 import mindspore as ms
 import numpy as np
+from launch import loop_config
 from mindspore import nn
 
-from pipe.features.builders import LayerBuilders
-from pipe.wire import elements
-from pipe.ops.deadlines import DeadlineWire
-from launch import loop_config
 from pipe.engine import PipelineEngine
+from pipe.features.builders import LayerBuilders
+from pipe.ops.deadlines import DeadlineWire
+from pipe.wire import elements
 
 WIDTHS = (20, 32, 32, 32, 10)       # 3 x (Dense + ReLU), then Dense to 10 classes
 BATCH, STEPS = 16, 2

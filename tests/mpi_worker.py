@@ -35,6 +35,7 @@ import predict_check  # noqa: E402
 import tied_check  # noqa: E402
 import train  # noqa: E402
 from launch import LOOP_FLAGS  # noqa: E402
+
 from pipe.ops.deadlines import DeadlineWire  # noqa: E402
 
 

@@ -3,11 +3,11 @@ with broadcast every rank gets the single-process outputs; without it only the l
 does. `pipe_run` returns what each rank saw; tests/test_predict.py checks it."""
 import mindspore as ms
 import numpy as np
+from launch import loop_config
 from mindspore import nn
 
-from launch import loop_config
-from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
+from pipe.ops.deadlines import DeadlineWire
 
 
 def pipe_run(spec, communicator):

@@ -4,9 +4,9 @@ import sys
 
 import mindspore as ms
 import numpy as np
-
 from launch import loop_config
 from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+
 from pipe import private
 from pipe.engine import PipelineEngine
 

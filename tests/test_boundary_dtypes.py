@@ -3,7 +3,6 @@ float16 with their gradients coming back, bool, int32, int64 and uint8 with none
 loop and in one graph, 1F1B and ZB-V with W deferred, like one process (tests/dtypes_run.py).
 A dtype no wire carries is refused before the first step: tests/test_errors.py."""
 import pytest
-
 from dtypes_run import DTYPES, plain_run
 from launch import assert_like_one_process
 
@@ -38,8 +37,9 @@ def test_on_gpus_a_dtype_nccl_has_no_kernel_for_is_refused_with_those_it_has():
     int64 element is refused before the first step, naming what the layer may hand on
     instead (bool and the narrow ints travel as int32); on CPU (mpi4py) it crosses."""
     import mindspore as ms
-    from pipe.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
+
     from pipe.ops.handshake import check_input, failure_text
+    from pipe.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
     spec = Parts((((8, 4), ms.float32), ((8,), ms.int64)))
     nccl = set(NCCL_DTYPES)
     assert check_input(spec, nccl) == ("wire", 1) and check_input(spec, set(WIRE_DTYPES)) is None

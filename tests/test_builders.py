@@ -3,14 +3,14 @@ training it like one process, and building only their own layers: tests/test_tra
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
-
-from mlp_run import LOSS, layer_builders
-from pipe.features.builders import LayerBuilders, Tied
 from launch import loop_config
-from pipe.engine import PipelineEngine
-from pipe.partition import whole_model_names
+from mindspore import nn
+from mlp_run import LOSS, layer_builders
 from user_layers import TiedHead
+
+from pipe.engine import PipelineEngine
+from pipe.features.builders import LayerBuilders, Tied
+from pipe.partition import whole_model_names
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")

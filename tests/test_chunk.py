@@ -12,10 +12,10 @@ from mindspore import nn, ops
 
 from pipe.actions import Actions, take
 from pipe.chunk import Chunk
-from pipe.schedule import lower, one_f_one_b
 from pipe.features.dropout import MaskDraw
 from pipe.ops.handshake import probe
 from pipe.ops.memory import Memory
+from pipe.schedule import lower, one_f_one_b
 from pipe.schedules import EVERY
 from pipe.split_backward import rows_of
 

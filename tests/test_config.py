@@ -66,7 +66,9 @@ def test_every_flag_an_example_accepts_reaches_its_config(example):
     """Each flag named after a config field, set to another value than its default, is in
     the config the example trains with (`pipe.ops.cli.config_from`, which its `train` calls)."""
     import inspect
+
     from launch import load_example
+
     from pipe.ops.cli import config_from
     module = load_example(example[0], example[1], "train.py")
     assert "config_from(args, device=device)" in inspect.getsource(module.train)

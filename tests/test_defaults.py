@@ -3,14 +3,14 @@ the rule, the line a run starts with, the same choice on every rank, and the sam
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
-
 from launch import assert_same_bits, load, loop_config, results
+from mindspore import nn
 from mlp_run import LOSS, build_model, plain_run
-from pipe.config import PipelineConfig
-from pipe.fast.defaults import action_flops, announce, choose_defer, choose_graph, is_composite
-from pipe.engine import PipelineEngine
 from test_transparency import SEED, assert_same_weights, spec
+
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
+from pipe.fast.defaults import action_flops, announce, choose_defer, choose_graph, is_composite
 
 DEFERRED = ("W deferred to the flush (every micro-batch's at the step's end, one product per "
             "layer over all of them)")
@@ -37,6 +37,7 @@ def test_w_is_deferred_unless_memory_is_short_or_a_layer_is_more_than_a_product_
 
 def test_every_weighted_layer_but_a_dense_is_composite():
     from gpt_run import gpt
+
     from pipe.layers import leaves
     pieces = leaves([build() for build in gpt.gpt_layers(1, 8, 2, 8, tied=False)])
     assert [(type(p).__name__, is_composite(p)) for p in pieces] == [

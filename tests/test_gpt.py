@@ -13,9 +13,9 @@ import sys
 import mindspore as ms
 import numpy as np
 import pytest
-
 from gpt_run import LENGTHS, ONE_LENGTH, SIZE, TokenMean, gpt, plain_fp16_run, plain_run
 from launch import ROOT, assert_like_one_process
+
 from pipe.features.builders import LayerBuilders
 
 SEED = 11
@@ -171,9 +171,10 @@ def test_the_benchmarks_depth_compiles_as_one_graph_at_four_micro_batches_with_w
     trace stays within MindSpore's call depth and trains like one process. The suite's GPTs
     (one or two blocks) are too shallow to find it: a deferred W that took every micro-batch's
     entries as one flat argument list compiled there, and failed at this depth ("Exceed
-    function call depth limit 1000", the GPU's fp16 default, benchmarks/log.md section 42).
+    function call depth limit 1000", the GPU's fp16 default).
     About a minute and a half of compiling on CPU: `pytest --slow`."""
     from gpt_run import BATCH, batches, optimizer
+
     from pipe.config import PipelineConfig
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -3,8 +3,8 @@ pipe.features.dropout.draws: which masks they draw; pipe.ops.predict: how predic
 import numpy as np
 import pytest
 
-from pipe.config import PipelineConfig
 from pipe.batch import split
+from pipe.config import PipelineConfig
 from pipe.features.dropout import draws
 from pipe.ops.predict import split_for_predict
 

@@ -10,14 +10,14 @@ import os
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn, ops
-
 from launch import load, loop_config, results
-from pipe.chunk import Chunk
-from pipe.ops.deadlines import DeadlineWire
-from pipe.engine import PipelineEngine
-from pipe.ops.handshake import HALF_HINT, check_input
+from mindspore import nn, ops
 from user_layers import GraphOnly, HiddenDropout
+
+from pipe.chunk import Chunk
+from pipe.engine import PipelineEngine
+from pipe.ops.deadlines import DeadlineWire
+from pipe.ops.handshake import HALF_HINT, check_input
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")

@@ -38,6 +38,7 @@ def test_profiling_takes_each_layers_median_time():
     'takes' about 100x longer, with one outlier per layer that the median ignores."""
     import mindspore as ms
     import numpy as np
+
     from pipe.partition import profile_layers
     durations = [[3.0, 2.9, 3.2, 3.1, 90.0], [0.03, 0.02, 9.0, 0.04, 0.03], [0.01, 0.02, 0.02, 0.03, 5.0]]
     readings = []

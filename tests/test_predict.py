@@ -2,7 +2,6 @@
 broadcast, on the last stage only without it (tests/predict_check.py, in the suite's one
 launch: conftest.trained)."""
 import pytest
-
 from launch import results
 
 LAYOUTS = [(3, 1), (2, 2)]

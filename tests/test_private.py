@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numpy as np
-
 from launch import ENV, ROOT
 
 SCRIPT = os.path.join(ROOT, "tests", "private_check.py")

@@ -3,7 +3,6 @@
 The runs train in the one launch the matrices share (conftest.trained)."""
 import numpy as np
 import pytest
-
 from launch import assert_same_bits, load, results
 
 FLAGS = ["--data", "synthetic", "--stages", "2", "--layers", "3", "--hidden", "256",

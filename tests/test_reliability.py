@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import psutil
 import pytest
-
 from launch import LOOP_FLAGS, TRAIN, Job, load, load_example, run_check, run_example, run_many
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",

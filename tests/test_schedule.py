@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import pytest
 
-from pipe.schedule import lower, message_key
-from pipe.schedules import (CHUNKS_PER_STAGE, EVERY, SCHEDULES, action_costs, defers_wgrad, make_schedule,
-                            peak_in_flight, splits_backward)
 from pipe.ops.simulator import format_table, simulate
+from pipe.schedule import lower, message_key
+from pipe.schedules import (CHUNKS_PER_STAGE, EVERY, SCHEDULES, action_costs, defers_wgrad,
+                            make_schedule, peak_in_flight, splits_backward)
 
 GPIPE_4x8 = """\
 step stage0 stage1 stage2 stage3
@@ -409,7 +409,7 @@ dualpipe-v                0.0769        16  4 4
 @pytest.mark.parametrize("flags,table", [([], COMPARED), (["--defer-wgrad"], COMPARED_DEFERRED_WGRAD)])
 def test_cli_compares_every_schedule(capsys, flags, table):
     """Deferred, W* costs M x W and every micro-batch waits for it: the bubble the flush
-    adds and the memory it holds (its speed is the kernels', benchmarks/log.md 14)."""
+    adds and the memory it holds."""
     from pipe.__main__ import main
     main(["--schedule", "all", "--stages", "2", "--micro-batches", "4"] + flags)
     assert capsys.readouterr().out == table

@@ -10,7 +10,6 @@ import os
 
 import numpy as np
 import pytest
-
 from launch import load
 
 FLAGS = ["--data", "synthetic", "--hidden", "16", "--batch-size", "48", "--steps", "2",

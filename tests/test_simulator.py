@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
+from pipe.ops.simulator import Deadlock, checked_schedule, measured_bubble, measured_costs, simulate
 from pipe.schedule import Action, Schedule, lower
 from pipe.schedules import SCHEDULES, make_schedule
-from pipe.ops.simulator import Deadlock, checked_schedule, measured_bubble, measured_costs, simulate
 
 
 def test_receive_without_send_is_a_deadlock():

@@ -8,10 +8,10 @@ from contextlib import contextmanager
 import pytest
 from mindspore import nn
 
+from pipe.actions import RECV, SEND, B, F, I, W, encode
 from pipe.config import PipelineConfig
 from pipe.schedule import lower
 from pipe.schedules import EVERY, make_schedule
-from pipe.actions import B, F, I, RECV, SEND, W, encode
 
 
 def test_1f1b_two_stages_as_constants():
@@ -49,6 +49,7 @@ def test_what_the_loop_runs_one_graph_runs_bitwise():
     tests/test_recompute.py.)"""
     import mindspore as ms
     import numpy as np
+
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rng = np.random.default_rng(0)
@@ -87,6 +88,7 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
     (Dropout's masks in the graph: tests/test_transparency.py.)"""
     import mindspore as ms
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     runs = []
@@ -120,6 +122,7 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
     block: new lengths and more blocks are tests/test_gpt.py's.)"""
     import mindspore as ms
     from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer
+
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     size, runs = dict(SIZE, layers=1), []
@@ -141,6 +144,7 @@ def test_fp16_on_one_rank_steps_inside_the_graph_bitwise_the_loop_and_skips_an_o
     overflowed (step 3's input overflows), as the loop does between its calls."""
     import mindspore as ms
     from mlp_run import BATCH, FP16_STEPS, LOSS, batches, build_model, optimizer
+
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     runs = []
@@ -165,6 +169,7 @@ def test_weights_keep_their_whole_model_names_in_one_graph(tmp_path):
     parameter named so, and `load_parameters` takes a checkpoint of that model back in."""
     import mindspore as ms
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
     engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"),
@@ -206,7 +211,9 @@ def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_pat
     backward ends: in the kernel graph's execution order (MindSpore's saved IR) the first
     SGD comes before the last MatMul of the backward."""
     import re
+
     from mlp_run import BATCH, LOSS, batches, build_model, optimizer
+
     from pipe.engine import PipelineEngine
     with saved_graphs(tmp_path) as files:
         config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
@@ -260,6 +267,7 @@ def small_engine(layers, loss_fn=None, **config):
     """An engine on one rank over `layers` (6 inputs, 3 classes; SGD; the mean cross-entropy
     unless `loss_fn` says), and a batch of 8."""
     import numpy as np
+
     from pipe.engine import PipelineEngine
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
@@ -299,6 +307,7 @@ def test_a_call_takes_and_gives_only_what_is_used(precision, counted, dropout):
     without dropout."""
     import mindspore as ms
     from mlp_run import TokenLoss
+
     from pipe.batch import split
     engine, x, y = small_engine([nn.Dense(6, 6), nn.Dropout(p=0.5), nn.Dense(6, 3)] if dropout else
                                 [nn.Dense(6, 3)], TokenLoss() if counted else None,
@@ -339,6 +348,7 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
     runs LayerNorm and LayerNormGrad once per micro-batch, as with W per micro-batch (and
     trains the same weights), not once more over all the rows."""
     import re
+
     import mindspore as ms
     import numpy as np
     counts, weights = {}, {}

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-
 from launch import assert_same_bits, load, results
 from mlp_run import build_model, plain_run
 

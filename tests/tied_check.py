@@ -6,12 +6,12 @@ import os
 
 import mindspore as ms
 import numpy as np
+from launch import load_example, loop_config
 from mindspore import nn
 
-from launch import load_example, loop_config
-from pipe.wire import SoloWire
-from pipe.ops.deadlines import DeadlineWire
 from pipe.engine import PipelineEngine
+from pipe.ops.deadlines import DeadlineWire
+from pipe.wire import SoloWire
 
 tied = load_example("tied_model", "tied", "model.py")   # (examples/gpt has a `model` too)
 

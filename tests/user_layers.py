@@ -1,9 +1,8 @@
 """Layers a user may bring that pipe must refuse or report, shared by the in-process tests
 and the multi-rank checks (tests/failure_check.py)."""
 import mindspore as ms
-from mindspore import nn, ops
-
 from launch import load_example
+from mindspore import nn, ops
 
 TiedHead = load_example("tied_model", "tied", "model.py").TiedHead   # reuses an embedding
 

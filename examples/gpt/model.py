@@ -68,11 +68,9 @@ MATMUL = ops.MatMul()
 
 class AddBias(nn.Cell):
     """(out, bias) -> out + bias on every row. The bias is broadcast to the product's shape
-    before the add: MindSpore's GPU add with a broadcast operand took 55-72 us a call where
-    the memory's time is 2-5 us; one fp16 step of MindSpore's own on an H200 went from
-    78.6 to 70.6 ms (benchmarks/log.md section 36). Its gradient sums the rows as a product
-    with a row of ones: MindSpore's ReduceSum over the rows read them at about a tenth of
-    the memory's speed (48 sums over 8192 rows took 4.5 ms in an fp16 step, section 41)."""
+    before the add (MindSpore's GPU add with a broadcast operand runs at a fraction of the
+    memory's speed), and its gradient sums the rows as a product with a row of ones
+    (MindSpore's ReduceSum over the rows is about ten times slower)."""
 
     def construct(self, out, bias):
         return out + ops.broadcast_to(bias, out.shape)
@@ -85,9 +83,8 @@ class AddBias(nn.Cell):
 
 class Linear(nn.Cell):
     """h -> h W^T + b, nn.Dense's product and its initial weights, with the bias added by
-    AddBias, not nn.Dense's BiasAdd, whose gradient (BiasAddGrad) MindSpore runs on GPUs
-    with cuDNN's reduction: 0.67 ms for each of the GPT's 48 Dense layers in an fp16 step
-    on an H200 (benchmarks/log.md section 32)."""
+    AddBias, not nn.Dense's BiasAdd, whose gradient MindSpore runs on GPUs with cuDNN's
+    slow reduction."""
 
     def __init__(self, width_in, width_out):
         super().__init__()
@@ -159,12 +156,9 @@ class Mix(nn.Cell):
 class Attend(nn.Cell):
     """(x, qkv, keep) -> (x, causal self-attention over the kept keys, keep); no weights.
     The queries are scaled by 1/sqrt(head width) before their product with the keys, not
-    the scores after it: T/(head width) = 8x fewer elements at T=512, each a slow scalar
-    kernel on GPUs (benchmarks/log.md section 32). The heads are cut from the product with
-    one transpose for q, k and v together. The causal mask is broadcast to the
-    scores' shape first: MindSpore's GPU select with a broadcast operand took 147 us a
-    call at B=4 (about 15x the memory's time), each way; one fp16 step on an H200 went
-    from 90.0 to 80.6 ms for MindSpore's own, 88.8 to 79.4 for pipe's (section 35)."""
+    the scores after it: T/(head width) times fewer elements. The heads are cut from the
+    product with one transpose for q, k and v together. The causal mask is broadcast to
+    the scores' shape first: MindSpore's GPU select with a broadcast operand is slow."""
 
     def __init__(self, heads):
         super().__init__()
@@ -187,8 +181,7 @@ class Attend(nn.Cell):
 
 class Gelu(nn.Cell):
     """(x, h, keep) -> (x, gelu(h), keep), GPT-2's tanh approximation: one GeLU kernel each
-    way, where the exact form (erf) is six operators, three of them slow scalar kernels on
-    GPUs (benchmarks/log.md section 32)."""
+    way, where the exact form (erf) is six operators on GPUs."""
 
     def construct(self, x, h, keep):
         return x, ops.gelu(h, approximate="tanh"), keep

@@ -22,11 +22,20 @@ from mindspore import nn  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
-from pipe.ops.checkpoint import CheckpointError  # noqa: E402
-from pipe.ops.cli import (Parser, add_layout_flags, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                      add_speed_flags, config_from, positive_int, use_device)
+
 from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
+from pipe.ops.checkpoint import CheckpointError  # noqa: E402
+from pipe.ops.cli import (  # noqa: E402
+    Parser,
+    add_layout_flags,
+    add_memory_plan_flag,
+    add_precision_flag,
+    add_speed_flags,
+    config_from,
+    positive_int,
+    use_device,
+)
 
 
 def _positive(text):

@@ -20,7 +20,8 @@ from mindspore import nn
 
 from pipe.wire import elements
 
-__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "is_fp16_graph", "choose_graph",
+__all__ = ["LEFT", "HOST_BOUND_FLOPS", "choose_defer", "is_composite", "is_fp16_graph",
+           "choose_graph",
            "action_flops", "most_of", "announce"]
 
 LEFT = ("defer_wgrad", "one_graph")     # the config fields pipe decides when they are None
@@ -37,7 +38,8 @@ def choose_defer(config, buffers, composite=False):
         return False, "W per micro-batch (recompute says memory is short; deferring keeps " \
                       "every micro-batch's activations until the flush)"
     if buffers:
-        return False, "W per micro-batch (batch norm: W over all rows would use their joint statistics)"
+        return False, ("W per micro-batch (batch norm: W over all rows would use their joint "
+                       "statistics)")
     if composite and not (is_fp16_graph(config) and config.stages == 1):
         return False, ("W per micro-batch (a layer with weights is not an nn.Dense: deferred, "
                        "its W measured faster on the GPT only on one stage in an fp16 graph)")
@@ -69,7 +71,8 @@ def choose_graph(config, flops):
         return True, (f"one graph per step (one stage, no messages: as fast as the loop at "
                       f"{flops / 1e9:.0f} GFLOP per action, as measured)")
     return False, (f"the per-action loop ({flops / 1e9:.0f} GFLOP per action hides the host's "
-                   "cost, and one graph with messages between stages measured slower in fp32 there)")
+                   "cost, and one graph with messages between stages measured slower in fp32 "
+                   "there)")
 
 
 def action_flops(chunks, specs):

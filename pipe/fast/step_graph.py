@@ -1,23 +1,17 @@
 """A rank's whole training step as one compiled graph: its action handlers, traced.
 
-The per-action loop makes one compiled call per F, B, I or W and one wire call per message;
-each costs the host 0.2-0.5 ms whatever the work (benchmarks/log.md), which bounds small
-models and deep pipelines. `StepGraph` runs the very handlers the loop runs
-(pipe.actions.Actions) inside one `ms.jit`: MindSpore traces them once per batch shape,
-each action's chunk cell inlined and each message the wire's in-graph operator. The
-messages keep the list's order because each takes a token from the one before
-(`ops.depend`); the list's order is deadlock-free (pipe.ops.simulator), so the graph is too.
-One call then runs the step: F, B, I, W and messages, the gradients summed per chunk, and,
-when nothing has to be summed with other ranks first (one replica, no tied weights, no
-clipping by the global norm), the optimizer's update too. Dropout masks are drawn on the
-host as for the loop (pipe.features.dropout) and go in with the batch; batch norm's buffers are put
-back after each backward piece inside the graph, as in the loop (pipe.features.batchnorm).
+The loop makes one compiled call per F, B, I or W and one wire call per message, each
+costing the host a fraction of a millisecond whatever the work. `StepGraph` runs the very
+handlers the loop runs (pipe.actions.Actions) inside one `jit` call: MindSpore traces them
+once per batch shape, each message the wire's in-graph operator, ordered by a token from
+the one before (the list's order is deadlock-free, so the graph is too). When nothing has
+to be summed with other ranks first, the optimizer's update runs inside it too.
 """
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.compiled import executor
 from pipe.batch import as_tensor
+from pipe.compiled import executor
 from pipe.features.token_loss import loss_sum
 
 __all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
@@ -26,8 +20,10 @@ __all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
 def replica_rows(batch):
     """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
     micro-batch on the host)."""
-    mine = slice(batch.cut[0].start, batch.cut[-1].stop)     # (np.shape: a Tensor's len is an operator)
-    return tuple(as_tensor(a if mine == slice(0, np.shape(a)[0]) else a[mine]) for a in batch.source)
+    # (np.shape: a Tensor's len is an operator)
+    mine = slice(batch.cut[0].start, batch.cut[-1].stop)
+    return tuple(as_tensor(a if mine == slice(0, np.shape(a)[0]) else a[mine])
+                 for a in batch.source)
 
 
 def updates_in_graph(layout):
@@ -46,39 +42,22 @@ OUTPUTS = ("loss", "grads", "sent", "overflow", "count")
 
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    micro-batch first, the loss gradient's scale, 1 / S, the global batch's labels) ->
-    (this rank's micro-batch losses summed (pipe.features.token_loss.loss_sum), the summed
-    weight gradients of each of its chunks, a token set once its messages are done, 1.0 if
-    a gradient overflowed else 0.0, the global batch's count). Given `counter` (a (sum,
-    count) loss), the graph counts first and divides the scale by the count. Given `update`
-    (the optimizer over the chunks' parameters, in order), it steps too, and hands back no
-    gradients; given `unscale` too (fp16 on one rank: pipe.features.precision.Unscale), the
-    gradients are divided by S first and the step is taken only if none overflowed, as
-    MindSpore's TrainOneStepWithLossScaleCell does.
+    the loss gradient's scale, 1 / S, the global batch's labels) -> (this rank's losses
+    summed, the summed weight gradients of each chunk, a token set once its messages are
+    done, 1.0 if a gradient overflowed else 0.0, the global batch's count).
 
-    A call takes and gives only what this graph uses (`takes`, `gives`; `call` maps them to
-    every input and output by name): 1 / S only if it unscales, the labels and the count
-    only if the loss is counted, the token only if the rank has messages, the gradients
-    only if the optimizer steps outside; and an input that is the same every step,
-    `constants` (the loss gradient's scale in fp32 with a scalar loss, the masks of a
-    model without dropout), is held by the graph, the scale as a number the compiled code
-    folds in. Each tensor or `()` in or out of a compiled call costs the host 10-20 us a call
-    (benchmarks/probes/call_cost.py), as much as a small model's operators.
+    Given `counter` (a (sum, count) loss), it counts first and divides the scale by the
+    count. Given `update`, it steps too and hands back no gradients; given `unscale` too
+    (fp16 on one rank), it divides by S first and steps only if nothing overflowed, as
+    MindSpore's TrainOneStepWithLossScaleCell does. A call takes and gives only what this
+    graph uses (`takes`, `gives`); `constants` it holds (the same every step).
 
-    In fp32 the update is a statement whose value nothing reads, as in MindSpore's own step:
-    MindSpore then runs each weight's update as soon as its gradient is final, which frees
-    that gradient. (Tied to an output, it ran after the whole backward, which kept every
-    gradient alive at once.) For the same reason the token returned is the messages' alone
-    (`sent`), not the one that orders the work (`done`), which the last backward's gradients
-    set. In fp16 every gradient is needed before the overflow check anyway, and the check is
-    the one point where the host waits inside the graph (it reads the flag to take the
-    branch): what the graph leaves until after it, the host launches only once the device
-    is idle, so the step's loss is made to come before it (on one H200, its kernels ran
-    after the optimizer's, one by one, at the GPT's fp16 step's end).
+    The update is a statement whose value nothing reads, as in MindSpore's own step, so
+    each weight steps as soon as its gradient is final, freeing it. In fp16 the loss comes
+    before the overflow check, where the host waits to read the flag.
 
-    With other ranks, the engine compiles it first (`prepare`, which runs nothing) on every
-    rank at once (pipe.ops.handshake.agreed): a graph that fails to compile on one rank is
-    refused on all before any of them waits on a message."""
+    With other ranks the engine compiles it first on every rank at once (`prepare`): a
+    graph that fails to compile on one rank is refused on all before any message."""
 
     def __init__(self, actions, update=None, unscale=None, counter=None, constants=None):
         """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
@@ -95,8 +74,8 @@ class StepGraph(nn.Cell):
             held["labels"] = ()
         self.takes = tuple(name for name in INPUTS if name not in held)
         # each input's place among a call's arguments, or -1 and the value the graph holds
-        self.sources = tuple((self.takes.index(name), ()) if name in self.takes else (-1, held[name])
-                             for name in INPUTS)
+        self.sources = tuple((self.takes.index(name), ()) if name in self.takes
+                             else (-1, held[name]) for name in INPUTS)
         gives = {"grads": update is None, "sent": self.sends, "overflow": unscale is not None,
                  "count": counter is not None}
         self.given = tuple(gives.get(name, True) for name in OUTPUTS)      # (the loss always)

@@ -30,9 +30,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
+from pipe.features.sequential import Sequential
 from pipe.layers import leaves
 from pipe.partition import check_layer
-from pipe.features.sequential import Sequential
 
 __all__ = ["LayerBuilders", "Tied", "layer_seed"]
 

@@ -88,7 +88,8 @@ class GradAsFloat16(nn.Cell):
 def keeps_float32_input(layers, i):
     """In fp16, a ReLU whose input may be float32 (a batch norm's output, or the chunk's
     input) keeps that input, and autograd differentiates it there: a float32 gradient for
-    a float32 input. ReluGrad at its float16 output (pipe.features.relu) would mix the two dtypes."""
+    a float32 input. ReluGrad at its float16 output (pipe.features.relu) would mix the two
+    dtypes."""
     return is_relu(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
 
 
@@ -98,7 +99,8 @@ FLOAT16_INF = 65520.0    # the smallest magnitude float16 rounds to inf (65504 +
 def float16_gradients(chunk_layers, params):
     """Per parameter: whether one process's fp16 step makes its gradient as a float16
     product (every layer's but a batch norm's, which computes in float32)."""
-    kept = {id(p) for layer in chunk_layers for cell in norms(layer) for p in cell.trainable_params()}
+    kept = {id(p) for layer in chunk_layers for cell in norms(layer)
+            for p in cell.trainable_params()}
     return tuple(id(p) not in kept for p in params)
 
 

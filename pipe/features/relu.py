@@ -4,15 +4,13 @@ ReLU's gradient needs only its output: it passes dy where the output is > 0. As 
 there, the layer's own backward run at its output gives exactly the gradient at its input.
 That output is the next layer's input, kept anyway, so the ReLU keeps nothing of its own
 unless it is the chunk's last layer or a dropout (which keeps its mask) follows. Its
-backward is the one kernel autograd runs (ReluGrad at the output): differentiating the
-layer at y would run relu(y) again first, a second kernel per ReLU and micro-batch, which
-a small model's step pays in host time (benchmarks/log.md section 59).
+backward is the one kernel autograd runs, ReluGrad at the output (pipe.private).
 """
 from mindspore import nn
 
+from pipe.features.dropout import is_dropout
 from pipe.layers import KeepInput
 from pipe.private import relu_grad
-from pipe.features.dropout import is_dropout
 
 __all__ = ["is_relu", "forward_piece", "backward_piece"]
 

@@ -12,9 +12,8 @@ total count.
 So the count must be known before the step's first backward: pipe computes it from the
 labels alone, on every rank, as `loss_fn(zeros, labels)[1]` over the whole global batch
 (`TokenCount`), on the device as the step's first work: inside the step's graph, or in
-the loop as a call of its own. The host does not wait for it before the step (a read
-there held a GPU idle about a millisecond a step, benchmarks/log.md section 33); it reads
-the count after, with the loss. `loss_fn`'s count must therefore depend on the labels
+the loop as a call of its own. The host reads it after the step, with the loss, so the
+device never waits for the host. `loss_fn`'s count must therefore depend on the labels
 only, as a count of non-padding targets does; a count that changes with the logits is
 refused before the first step (`check_count`). A batch with nothing to count, 0 / 0, is
 refused right after its step (`PipelineEngine.loss_weight` says what that step did).
@@ -78,10 +77,11 @@ def check_count(loss_fn, logits_spec, labels):
     """Refuse a count that changes with the logits: pipe counts before the backward."""
     shape, dtype = logits_spec
     other = ms.Tensor(np.random.default_rng(0).standard_normal(shape), dtype)
-    counts = [float(loss_fn(logits, labels)[1].asnumpy()) for logits in (ops.zeros(shape, dtype), other)]
+    counts = [float(loss_fn(logits, labels)[1].asnumpy())
+              for logits in (ops.zeros(shape, dtype), other)]
     if counts[0] != counts[1]:
         raise ValueError(f"loss_fn returns (sum, count), and its count changes with the logits "
-                         f"({counts[0]:g} for zero logits, {counts[1]:g} for others): pipe needs the "
-                         "step's total count before its first backward, so it counts on the labels "
-                         "alone; make the count depend on the labels only (as a count of "
+                         f"({counts[0]:g} for zero logits, {counts[1]:g} for others): pipe needs "
+                         "the step's total count before its first backward, so it counts on the "
+                         "labels alone; make the count depend on the labels only (as a count of "
                          "non-padding targets does)")

@@ -140,7 +140,8 @@ def finish(directory, step, meta, keep=2):
     shutil.copyfile(merge(where), os.path.join(directory, ".model.ckpt.tmp"))
     files = {name: _sha256(os.path.join(where, name)) for name in sorted(os.listdir(where))
              if name.endswith(".ckpt")}
-    _write_text(os.path.join(where, "meta.json"), json.dumps({**meta, "step": step, "sha256": files}, indent=1))
+    meta = {**meta, "step": step, "sha256": files}
+    _write_text(os.path.join(where, "meta.json"), json.dumps(meta, indent=1))
     os.replace(os.path.join(directory, ".model.ckpt.tmp"), os.path.join(directory, "model.ckpt"))
     _write_text(os.path.join(directory, "latest"), os.path.basename(where) + "\n")
     for old in sorted(glob.glob(os.path.join(directory, "step-*")))[:-keep]:

@@ -4,7 +4,6 @@ import argparse
 import os
 import shutil
 import sys
-
 from dataclasses import fields
 
 from pipe.config import PipelineConfig, as_flags
@@ -43,9 +42,12 @@ def add_layout_flags(parser, batch_size):
     """The flags of a run's layout, as every example names them: --stages, --data-parallel,
     --micro-batches, --batch-size (the global mini-batch) and --schedule."""
     parser.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
-    parser.add_argument("--data-parallel", type=positive_int, default=1, help="data-parallel replicas D")
-    parser.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches M per replica")
-    parser.add_argument("--batch-size", type=positive_int, default=batch_size, help="global mini-batch B")
+    parser.add_argument("--data-parallel", type=positive_int, default=1,
+                        help="data-parallel replicas D")
+    parser.add_argument("--micro-batches", type=positive_int, default=4,
+                        help="micro-batches M per replica")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
+                        help="global mini-batch B")
     parser.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
 
 
@@ -99,8 +101,8 @@ def use_device(name, memory_plan=True):
     import mindspore as ms
     device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
-        print(f"error: --device {device}: this MindSpore cannot run on it here (its {device} plugin "
-              "did not load); use --device CPU", file=sys.stderr)
+        print(f"error: --device {device}: this MindSpore cannot run on it here (its {device} "
+              "plugin did not load); use --device CPU", file=sys.stderr)
         sys.exit(2)
     ms.set_device(device)
     if device == "GPU" and memory_plan:
@@ -111,12 +113,9 @@ def use_device(name, memory_plan=True):
 def plan_memory():
     """Every graph's device memory planned when it compiles (MindSpore's SOMAS,
     `ms.runtime.set_memory(optimize_level="O1")`) instead of taken from the pool and given
-    back kernel by kernel. A step that waits on the host launching its kernels gains: the
-    GPT's fp16 step at M=4 on a GPU 0.86x as long, MindSpore's own accumulation of its
-    micro-batches as much; a step the device bounds is unchanged. In fp16 the peak memory
-    grows 1.08-1.15x (benchmarks/log.md section 54). Weights are the same to the bit. The
-    setting is one per process (MindSpore's own steps in it plan too) and MindSpore takes
-    it once: a second call, or a program that set its memory first, changes nothing."""
+    back kernel by kernel: a step bound by launching kernels gains, at a larger fp16 peak
+    (docs/performance.md); the weights are the same to the bit. The setting is one per
+    process and MindSpore takes it once: a later call changes nothing."""
     import mindspore as ms
     try:
         ms.runtime.set_memory(optimize_level="O1")

@@ -11,8 +11,9 @@ keeps the deadline, and msrun ends the other workers when one exits with an erro
 import sys
 import time
 
-from pipe.wire import MpiWire, SoloWire, connect as launched_wire
 from pipe.ops.watchdog import PeerFailed, WireTimeout
+from pipe.wire import MpiWire, SoloWire
+from pipe.wire import connect as launched_wire
 
 __all__ = ["DeadlineWire", "connect"]
 

@@ -20,11 +20,11 @@ import numpy as np
 from mindspore import nn
 
 from pipe.features.batchnorm import buffers_kept
+from pipe.features.token_loss import check_count, is_counted
 from pipe.layers import arguments, variable
+from pipe.ops.watchdog import PeerFailed, first_line
 from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
                        spec_of, write_header)
-from pipe.features.token_loss import check_count, is_counted
-from pipe.ops.watchdog import PeerFailed, first_line
 
 __all__ = ["connect_stages", "StageCheck", "RandomLayer", "check_input", "agreed", "probe",
            "describe_layer"]
@@ -34,7 +34,8 @@ ONE = ms.Tensor(1.0, ms.float32)              # the loss gradient's scale a chec
 KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
 TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
-             "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as nn.Dense does)")
+             "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as "
+             "nn.Dense does)")
 
 
 class RandomLayer(TypeError):
@@ -111,7 +112,8 @@ def _random_layer(chunk, x):
             if type(layer) is not nn.Dropout and not _same(y, layer(*arguments(x))):
                 return describe_layer(chunk, k)
             x = y
-    return f"a layer of {describe_layer(chunk, 0)} to {describe_layer(chunk, len(chunk.layers) - 1)}"
+    last = describe_layer(chunk, len(chunk.layers) - 1)
+    return f"a layer of {describe_layer(chunk, 0)} to {last}"
 
 
 def describe_layer(chunk, k):
@@ -281,7 +283,8 @@ class StageCheck:
             self.counted = self.counted or counted
             return out
         except Exception as error:           # the user's model: any exception is its error
-            kind, expected, what = explain(chunk, spec, self.labels if self.training else None, error)
+            labels = self.labels if self.training else None
+            kind, expected, what = explain(chunk, spec, labels, error)
             first, last = self.bounds[vs]
             layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
             text = (f"{_stage(vs, self.bounds, self.stages)} ({layers}) failed on "

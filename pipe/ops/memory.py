@@ -13,10 +13,8 @@ def _tensors(entry):
 class Memory:
     """Bytes held now and at most, over a rank's stores of what waits for a backward piece.
 
-    Reading a just-made tensor's shape waits for the operator that makes it: on every action
-    that cost the host 0.7-2.7 ms per step of the small MLP on one H200. An entry's shapes
-    follow from the step's micro-batch shapes, so its bytes are read once per those shapes,
-    store and key (`sizes`)."""
+    Reading a just-made tensor's shape waits for the operator that makes it, so an entry's
+    bytes are read once per batch shapes, store and key (`sizes`)."""
 
     def __init__(self):
         self.held = self.peak = 0

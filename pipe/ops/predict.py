@@ -6,8 +6,8 @@ import numpy as np
 from mindspore import nn, ops
 
 from pipe.actions import Actions
-from pipe.layers import arguments
 from pipe.batch import MicroBatches
+from pipe.layers import arguments
 from pipe.schedule import Action, lower
 
 __all__ = ["Infer", "forward_only", "split_for_predict", "predict"]
@@ -29,9 +29,9 @@ class Infer(nn.Cell):
 
 def forward_only(schedule):
     """`schedule`'s placement, lowered, with only forwards: GPipe's first half."""
-    F = [Action("F", m, c) for c in range(schedule.chunks_per_stage) for m in range(schedule.micro_batches)]
-    return lower(type(schedule)("forward-only", schedule.stages, schedule.micro_batches,
-                                [list(F) for _ in range(schedule.stages)], schedule.chunks_per_stage))
+    P, M, v = schedule.stages, schedule.micro_batches, schedule.chunks_per_stage
+    F = [Action("F", m, c) for c in range(v) for m in range(M)]
+    return lower(type(schedule)("forward-only", P, M, [list(F) for _ in range(P)], v))
 
 
 def split_for_predict(config, inputs):
@@ -53,7 +53,8 @@ def predict(engine, inputs, broadcast):
     schedule = engine.layout.forward_only
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
         p2p = engine.agree_shapes(batch, training=False)
-        actions = Actions(replace(engine.layout, schedule=schedule), p2p, compiled=False, infer=True)
+        layout = replace(engine.layout, schedule=schedule)
+        actions = Actions(layout, p2p, compiled=False, infer=True)
         engine.predicting[batch.shapes] = actions, p2p, engine.output_spec
     actions, p2p, output_spec = engine.predicting[batch.shapes]
     for chunk in engine.chunks:

@@ -89,7 +89,8 @@ def simulate(schedule, costs=None, eager_sends=False):
             position[stage] += 1
             return True
         other = head(action.peer)
-        if other is None or other.is_compute or other.peer != stage or action.kind[0] == other.kind[0]:
+        if (other is None or other.is_compute or other.peer != stage
+                or action.kind[0] == other.kind[0]):
             return False                 # the peer is elsewhere, or both send / both receive
         if key != message_key(schedule, action.peer, other):
             _mismatch(schedule, position, stage, action, message_key(schedule, action.peer, other))
@@ -112,7 +113,8 @@ def _check_local_input(schedule, position, stage, action, finished):
     """In a V (ZB-V, DualPipeV) the last stage holds two neighbouring virtual stages: the
     tensor between them is handed over on the stage, so its list must compute the producer
     first."""
-    vs, step = schedule.virtual_stage(stage, action.chunk), {"F": -1, "B": 1, "I": 1}.get(action.kind)
+    vs = schedule.virtual_stage(stage, action.chunk)
+    step = {"F": -1, "B": 1, "I": 1}.get(action.kind)
     source = vs + step if step else None
     if source is None or not schedule.holds(stage, source):
         return
@@ -138,7 +140,8 @@ def format_table(schedule, timeline=None):
         for start, end, action in spans:
             for t in range(int(round(start)), int(round(end))):
                 grid[t][stage] = str(action)
-    width = max(len(f"stage{len(timeline.spans) - 1}"), *(len(cell) for row in grid for cell in row))
+    width = max(len(f"stage{len(timeline.spans) - 1}"),
+                *(len(cell) for row in grid for cell in row))
     header = "step " + " ".join(f"stage{r}".ljust(width) for r in range(len(timeline.spans)))
     rows = [f"{t:<4} " + " ".join(cell.ljust(width) for cell in row) for t, row in enumerate(grid)]
     return "\n".join(line.rstrip() for line in [header] + rows)
@@ -160,12 +163,14 @@ def checked_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgra
 
 
 def _compute_spans(trace_path):
-    """The F, B, I and W spans of a recorded trace (pipe.ops.trace), each {"name", "pid", "ts", "dur"}."""
+    """The F, B, I and W spans of a recorded trace (pipe.ops.trace), each {"name", "pid",
+    "ts", "dur"}."""
     import json
     import re
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    return [e for e in events if e["ph"] == "X" and re.fullmatch(r"[FBIW](\d+|\*)(:\d+)?", e["name"])]
+    action = re.compile(r"[FBIW](\d+|\*)(:\d+)?")
+    return [e for e in events if e["ph"] == "X" and action.fullmatch(e["name"])]
 
 
 def measured_costs(trace_path):
