@@ -51,7 +51,8 @@ case "$PRECISION" in fp32|fp16) ;;
   *) bad "--precision $PRECISION: use fp32 or fp16" ;; esac
 NAMES=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 [[ " $NAMES all " == *" $SCHEDULE "* ]] || bad "--schedule $SCHEDULE: use one of $NAMES, or all"
-[[ "$LAYOUT" =~ ^([1-8]x[1-8]|all)$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
+[[ "$LAYOUT" =~ ^[0-9]+x[0-9]+$|^all$ ]] || bad "--layout $LAYOUT: use PxD (stages x replicas, e.g. 2x1) or all"
+[[ "$LAYOUT" =~ ^[1-8]x[1-8]$|^all$ ]] || bad "--layout $LAYOUT: P and D run from 1 to 8 (stages x replicas, e.g. 2x1)"
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || bad "--repeats $REPEATS: use a positive integer"
 [[ -z "$DEVICES" || "$DEVICES" =~ ^[1-9][0-9]*$ ]] || bad "--devices $DEVICES: use a positive integer"

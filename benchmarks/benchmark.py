@@ -34,15 +34,8 @@ from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.features.precision import set_matmul_precision  # noqa: E402
 from pipe.ops import cli  # noqa: E402
-from pipe.ops.cli import (  # noqa: E402
-    Parser,
-    add_memory_plan_flag,
-    add_precision_flag,
-    add_speed_flags,
-    positive_int,
-    precision_name,
-    use_device,
-)
+from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
+                          add_speed_flags, positive_int, precision_name, use_device)
 from pipe.ops.trace import Tracer, host_costs, merge_traces  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
 

@@ -25,6 +25,10 @@ COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "sampl
            "host_us_per_action"]
 DERIVED = ("speedup", "efficiency", "pipeline_eff", "bound")   # from other rows, or "-"
 NOTES = {
+    "columns": "layout: stages x replicas; schedule W*: every micro-batch's weight gradient at "
+               "the flush; speedup: over one device's step; efficiency: speedup / devices; "
+               "pipeline_eff: against pipe on one device with the same M; bound: M / (M + P - 1), "
+               "what the schedule's bubble allows",
     "-": "-: not measured in these results (speedup needs a one-device run of the same model, "
          "pipeline_eff pipe's one-device run with the same M: --all; the built-in has no bound)",
     "mfu": "tokens_per_s, mfu: the GPT's (benchmarks/gpt_benchmark.py: 6 N + 12 L T d FLOPs per "
@@ -76,7 +80,7 @@ def summarize(lines):
                      "schedule": schedule if P > 1 else "W*" if deferred else "-", "M": M,
                      "step_ms": step, "runs": len(repeats), "samples_per_s": batch / step * 1e3,
                      "tokens_per_s": tokens, "mfu": mfu,
-                     "devices": P * D, "P": P,
+                     "devices": P * D, "P": P, "device": first.get("device", "device"),
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
                      "host_us_per_action": host_line(ranks)})
@@ -111,6 +115,7 @@ def format_table(rows):
     table = [COLUMNS] + [[cell(r[c], c) for c in COLUMNS] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
+    lines.append(NOTES["columns"])
     if any(cell(r[c]) == "-" for r in rows for c in DERIVED):
         lines.append(NOTES["-"])
     if any(not math.isnan(r["tokens_per_s"]) for r in rows):
@@ -122,6 +127,16 @@ def format_table(rows):
 
 NAMES = {"pipe": "pipe (loop)", "pipe-graph": "pipe (one graph)", "builtin": "MindSpore built-in",
          "torch": "torch pipelining"}
+ALONE = {"builtin": "MindSpore, one {device}, no pipeline", "torch": "torch, one {device}"}
+
+
+def label(row):
+    """What a chart's bar says ran: on one device MindSpore's or torch's own step is no
+    pipeline, and says so."""
+    if row["devices"] == 1 and row["impl"] in ALONE:
+        return ALONE[row["impl"]].format(device=row["device"])
+    schedule = row["schedule"] if row["schedule"] != "-" else ""
+    return f"{NAMES[row['impl']]} {row['layout']} {schedule}".rstrip()
 
 
 def chart(rows, path):
@@ -139,8 +154,7 @@ def chart(rows, path):
     colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
     for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
-        labels = [f"{NAMES[r['impl']]} {r['layout']} {r['schedule'] if r['schedule'] != '-' else ''}"
-                  for r in mine]
+        labels = [label(r) for r in mine]
         ax.barh(labels, [r["step_ms"] for r in mine], color=[colors[r["impl"]] for r in mine])
         for y, r in enumerate(mine):
             ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)

@@ -18,6 +18,8 @@ gradient; `waiting`: what W reads), the gradient sums per chunk, the losses, and
 tokens that order the work (`order`: ops.depend in the graph, nothing in the loop, where
 each call has returned before the next).
 """
+from typing import NamedTuple
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
@@ -28,36 +30,45 @@ from pipe.schedule import message_key, message_tag
 from pipe.schedules import EVERY
 from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 
-__all__ = ["Actions", "encode", "take", "F", "B", "I", "W", "SEND", "RECV"]
+__all__ = ["Actions", "Step", "encode", "take"]
 
-F, B, I, W, SEND, RECV = range(6)
-CODES = {"F": F, "B": B, "I": I, "W": W, "sF": SEND, "sB": SEND, "rF": RECV, "rB": RECV}
+MESSAGES = {"sF": "send", "sB": "send", "rF": "recv", "rB": "recv"}
+
+
+class Step(NamedTuple):
+    """One action of a rank's lowered list as its handler reads it; constants when traced."""
+    kind: str                # "F", "B", "I", "W", "send" or "recv"
+    mb: int                  # its micro-batch (EVERY: a W deferred to the flush, all of them)
+    chunk: int
+    takes: int = -1          # the tensor in flight it reads, by wire tag (-1: the batch's rows,
+    puts: int = -1           # the loss gradient, or none); the tensor in flight it writes
+    message: int = -1        # a send's or receive's place among the rank's messages
+    starts_sum: bool = False  # a B or W that starts its chunk's gradient sums
 
 
 def encode(schedule, stage):
-    """Each action of `stage`'s lowered list as constant integers: (code, micro-batch
-    (EVERY: a W deferred to the flush), chunk, takes, puts, index). `takes` and `puts` are
-    the tensors in flight an action reads and writes, by their message key as an integer
-    (its wire tag; -1: the micro-batch's input, the loss gradient, or nothing); `index` is
-    a message's place in the stage's messages, or for a computation 1 when it starts its
-    chunk's gradient sum (a B or a W)."""
+    """`stage`'s lowered list as Steps: each tensor in flight named by its message key as
+    an integer, its wire tag."""
     program, started, message, V = [], set(), 0, schedule.virtual_stages
     for action in schedule.actions[stage]:
-        code, mb, c = CODES[action.kind], action.mb, action.chunk
-        if code in (SEND, RECV):
-            program.append((code, mb, c, action.tag, -1, message))
+        mb, c = action.mb, action.chunk
+        if action.kind in MESSAGES:
+            kind = MESSAGES[action.kind]
+            tags = {"takes": action.tag} if kind == "send" else {"puts": action.tag}
+            program.append(Step(kind, mb, c, message=message, **tags))
             message += 1
             continue
         takes = puts = -1
-        if code != W:
+        if action.kind != "W":
             vs = schedule.virtual_stage(stage, c)
-            kind, to = ("F", vs + 1) if code == F else ("B", vs - 1)
-            if (code == F and vs > 0) or (code != F and vs < V - 1):
+            forward = action.kind == "F"
+            hands, to = ("F", vs + 1) if forward else ("B", vs - 1)
+            if (forward and vs > 0) or (not forward and vs < V - 1):
                 takes = message_tag(message_key(schedule, stage, action), V)
             if 0 <= to < V:          # for the next virtual stage: here, or a send
-                puts = message_tag((kind, mb, to), V)
-        sums = code in (B, W)
-        program.append((code, mb, c, takes, puts, int(sums and c not in started)))
+                puts = message_tag((hands, mb, to), V)
+        sums = action.kind in ("B", "W")
+        program.append(Step(action.kind, mb, c, takes, puts, starts_sum=sums and c not in started))
         if sums:
             started.add(c)
     return tuple(program)
@@ -137,22 +148,22 @@ class Actions(nn.Cell):
         return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "outputs": (),
                 "sent": self.token, "done": self.token}
 
-    def run(self, state, action, data):
-        """One action of `program` on `state`; returns the state."""
-        code, mb, c, takes, puts, index = action
-        if code == F and self.infer:
-            return self.inference(state, mb, c, takes, puts, data)
-        if code == F:
-            return self.forward(state, mb, c, takes, puts, data)
-        if code == B:
-            return self.backward(state, mb, c, takes, puts, index, data)
-        if code == I:
-            return self.input_grad(state, mb, c, takes, puts, data)
-        if code == W:
-            return self.weight_grad(state, mb, c, index)
-        if code == SEND:
-            return self.send(state, index, takes)
-        return self.recv(state, index, takes)
+    def run(self, state, step, data):
+        """One Step of `program` on `state`; returns the state."""
+        if step.kind == "F" and self.infer:
+            return self.inference(state, step.mb, step.chunk, step.takes, step.puts, data)
+        if step.kind == "F":
+            return self.forward(state, step.mb, step.chunk, step.takes, step.puts, data)
+        if step.kind == "B":
+            return self.backward(state, step.mb, step.chunk, step.takes, step.puts,
+                                 step.starts_sum, data)
+        if step.kind == "I":
+            return self.input_grad(state, step.mb, step.chunk, step.takes, step.puts, data)
+        if step.kind == "W":
+            return self.weight_grad(state, step.mb, step.chunk, step.starts_sum)
+        if step.kind == "send":
+            return self.send(state, step.message, step.takes)
+        return self.recv(state, step.message, step.puts)
 
     def summed(self, state):
         """The step's weight gradient sums of each chunk, in order."""

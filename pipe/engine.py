@@ -32,7 +32,8 @@ from pipe.ops import checkpoint, predict
 from pipe.ops.deadlines import connect
 from pipe.ops.handshake import StageCheck, agreed, connect_stages
 from pipe.ops.memory import Memory
-from pipe.ops.watchdog import PipelineError, Watch, WireTimeout, end_job_on_uncaught
+from pipe.ops.watchdog import (PipelineError, Watch, WireTimeout, alike_on_every_rank,
+                               end_job_on_uncaught)
 from pipe.topology import Topology
 from pipe.wire import sum_over
 
@@ -66,14 +67,16 @@ class PipelineEngine:
     """
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
-        config.check()
+        with alike_on_every_rank():
+            config.check()
         self.config = config = replace(config)     # this engine's copy; pipe's choices go elsewhere
         self.loss_fn, self.sample = loss_fn, sample
         self.left = [name for name in LEFT if getattr(config, name) is None]
         self.wire = wire or connect(config.device, config.timeout)
         prepare_process(config, self.wire)
         self.topo = Topology(config.stages, config.data_parallel)
-        self.topo.check_world_size(self.wire.size)
+        with alike_on_every_rank():
+            self.topo.check_world_size(self.wire.size)
         self.stage = self.topo.stage_of(self.wire.rank)
         self.replica = self.topo.replica_of(self.wire.rank)
         self.layout = plan(model, loss_fn, config, self.wire, sample, self.left)

@@ -18,6 +18,7 @@ from pipe.features.builders import LayerBuilders
 from pipe.features.precision import check_layer_precision
 from pipe.features.tied import tied_weights
 from pipe.ops.handshake import agreed
+from pipe.ops.watchdog import alike_on_every_rank
 from pipe.ops.predict import forward_only
 from pipe.ops.simulator import checked_schedule
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
@@ -113,8 +114,9 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
                              "given as layer builders does not build on every rank; use "
                              "partition='uniform' or explicit layer counts per stage")
     else:
-        check_model(model)
-        refuse_deferred(config, model.untrainable_params())   # every rank, whole model: all refuse
+        with alike_on_every_rank():      # every rank, the whole model: all refuse alike
+            check_model(model)
+            refuse_deferred(config, model.untrainable_params())
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.

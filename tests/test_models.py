@@ -123,13 +123,17 @@ def test_a_resumed_run_continues_statistics_and_masks(tmp_path):
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=got.name)
 
 
-def test_dtype_mismatch_is_named_as_one():
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_dtype_mismatch_is_named_as_one_before_mindspore_compiles(dtype, capfd):
+    """Found before the forward runs: no failed compile prints its pages first."""
     model = nn.SequentialCell([nn.Dense(8, 4), nn.ReLU(), nn.Dense(4, 3)])
     with pytest.raises(RuntimeError) as err:
-        engine(model, micro_batches=2).train_step(np.ones((4, 8), np.float16), np.zeros(4, np.int32))
+        engine(model, micro_batches=2).train_step(np.ones((4, 8), dtype), np.zeros(4, np.int32))
+    name = {np.float16: "Float16", np.float64: "Float64"}[dtype]
     assert str(err.value) == ("check before the first step failed: dtype mismatch: stage 0 receives "
-                              "the input batch as Float16, but the first weights it meets are "
+                              f"the input batch as {name}, but the first weights it meets are "
                               "Float32; cast the input batch to Float32")
+    assert "Call Stack" not in capfd.readouterr().err
 
 
 def test_a_virtual_stage_is_named_as_one():

@@ -190,6 +190,8 @@ def test_divergence_stops_every_rank_with_the_fix():
     ("--lr", "nan", "argument --lr: must be a positive finite number, got nan"),
     ("--stages", "two", "argument --stages: must be a positive integer, got two"),
     ("--save-every", "-1", "--steps (300) and --save-every (-1) cannot be negative"),
+    ("--precision", "bf16", "argument --precision: bf16 is not available: MindSpore 2.10 has no "
+                            "bfloat16 kernels on CPU or GPU; use fp16 or fp32"),
 ])
 def test_bad_flags_are_echoed(flag, value, message, capsys):
     """Answered while parsing, before anything starts (in this process: the example's
@@ -199,3 +201,11 @@ def test_bad_flags_are_echoed(flag, value, message, capsys):
         example.parse_args([flag, value])
     assert ended.value.code == 2
     assert capsys.readouterr().err == f"error: {message}\n"      # one line: no usage text
+
+
+def test_help_lists_only_what_is_accepted(capsys):
+    example = load_example("mnist_train", "mnist", "train.py")
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--precision {fp32,fp16}" in out and "bf16" not in out

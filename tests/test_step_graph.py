@@ -1,4 +1,4 @@
-"""pipe.fast.step_graph: a rank's lowered actions as the constants its handlers branch on
+"""pipe.fast.step_graph: a rank's lowered actions as the Steps its handlers read
 (pipe.actions.encode), and the loop and the graph training the same bits (in process;
 tests/test_transparency.py trains with it on several ranks)."""
 import glob
@@ -8,36 +8,49 @@ from contextlib import contextmanager
 import pytest
 from mindspore import nn
 
-from pipe.actions import RECV, SEND, B, F, I, W, encode
+from pipe.actions import Step, encode
 from pipe.config import PipelineConfig
 from pipe.schedule import lower
 from pipe.schedules import EVERY, make_schedule
 
 
-def test_1f1b_two_stages_as_constants():
-    """(code, micro-batch, chunk, tensor read, tensor written, message index or 'first
-    sum'): a tensor in flight is named by its message key, as an integer its wire tag:
+def steps(*texts):
+    """Steps written as "F0 puts=2": kind and micro-batch, then any of takes, puts,
+    message, chunk, starts_sum (1)."""
+    made = []
+    for text in texts:
+        head, *fields = text.split()
+        kind = head.rstrip("0123456789*")
+        mb = head[len(kind):]
+        values = {k: int(v) for k, v in (f.split("=") for f in fields)}
+        values["starts_sum"] = bool(values.get("starts_sum", 0))
+        made.append(Step(kind, EVERY if mb == "*" else int(mb), values.pop("chunk", 0), **values))
+    return tuple(made)
+
+
+def test_1f1b_two_stages_as_steps():
+    """A tensor in flight is named by its message key, as an integer its wire tag:
     (mb x V + virtual stage taking it) x 2, + 1 for a gradient."""
     schedule = lower(make_schedule("1f1b", 2, 2))
-    assert encode(schedule, 0) == (
-        (F, 0, 0, -1, 2, 0), (SEND, 0, 0, 2, -1, 0),      # input -> F0 -> ("F", 0, 1) -> stage 1
-        (F, 1, 0, -1, 6, 0), (SEND, 1, 0, 6, -1, 1),
-        (RECV, 0, 0, 1, -1, 2), (B, 0, 0, 1, -1, 1),      # its gradient ("B", 0, 0); B0 starts the sum
-        (RECV, 1, 0, 5, -1, 3), (B, 1, 0, 5, -1, 0))
-    assert encode(schedule, 1) == (
-        (RECV, 0, 0, 2, -1, 0), (F, 0, 0, 2, -1, 0),      # the last stage: F0 ends in the loss
-        (B, 0, 0, -1, 1, 1), (RECV, 1, 0, 6, -1, 1),      # B0 from the loss gradient
-        (SEND, 0, 0, 1, -1, 2), (F, 1, 0, 6, -1, 0),
-        (B, 1, 0, -1, 5, 0), (SEND, 1, 0, 5, -1, 3))
+    assert encode(schedule, 0) == steps(
+        "F0 puts=2", "send0 takes=2 message=0",       # input -> F0 -> ("F", 0, 1) -> stage 1
+        "F1 puts=6", "send1 takes=6 message=1",
+        "recv0 puts=1 message=2", "B0 takes=1 starts_sum=1",   # its gradient ("B", 0, 0)
+        "recv1 puts=5 message=3", "B1 takes=5")
+    assert encode(schedule, 1) == steps(
+        "recv0 puts=2 message=0", "F0 takes=2",       # the last stage: F0 ends in the loss
+        "B0 puts=1 starts_sum=1", "recv1 puts=6 message=1",   # B0 from the loss gradient
+        "send0 takes=1 message=2", "F1 takes=6",
+        "B1 puts=5", "send1 takes=5 message=3")
 
 
 def test_the_turn_of_a_v_stays_on_its_stage():
     """ZB-V, stage 1 holds virtual stages 1 and 2: F0 writes chunk 1's input (4) and I0:1
     chunk 0's gradient (3), no message between; W sums the weight gradients."""
     program = encode(lower(make_schedule("zb-v", 2, 2, 2)), 1)
-    assert program[1:3] == ((F, 0, 0, 2, 4, 0), (F, 0, 1, 4, 6, 0))
-    assert (I, 0, 1, 5, 3, 0) in program and (I, 0, 0, 3, 1, 0) in program
-    assert [e[5] for e in program if e[0] == W] == [1, 1, 0, 0]   # the first W of each chunk starts
+    assert program[1:3] == steps("F0 takes=2 puts=4", "F0 chunk=1 takes=4 puts=6")
+    assert set(steps("I0 chunk=1 takes=5 puts=3", "I0 takes=3 puts=1")) <= set(program)
+    assert [s.starts_sum for s in program if s.kind == "W"] == [True, True, False, False]
 
 
 def test_what_the_loop_runs_one_graph_runs_bitwise():
@@ -75,8 +88,7 @@ def test_a_deferred_w_starts_its_chunks_sum():
     """With the weight gradients deferred, I only passes the gradient on; the one W* (all
     micro-batches: EVERY) starts and ends the chunk's sum."""
     program = encode(lower(make_schedule("1f1b", 1, 2, defer_wgrad=True)), 0)
-    assert program == ((F, 0, 0, -1, -1, 0), (I, 0, 0, -1, -1, 0), (F, 1, 0, -1, -1, 0),
-                       (I, 1, 0, -1, -1, 0), (W, EVERY, 0, -1, -1, 1))
+    assert program == steps("F0", "I0", "F1", "I1", "W* starts_sum=1")
 
 
 @pytest.mark.parametrize("name,defer_wgrad", [("sgd", False), ("adam", False), ("sgd", True)])

@@ -23,19 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402  (the example's own modules, beside this file)
 from cnn import cnn_layers  # noqa: E402
 
-from pipe.config import as_flags  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 from pipe.ops.checkpoint import CheckpointError  # noqa: E402
-from pipe.ops.cli import (  # noqa: E402
-    Parser,
-    add_layout_flags,
-    add_memory_plan_flag,
-    add_precision_flag,
-    add_speed_flags,
-    config_from,
-    positive_int,
-    use_device,
-)
+from pipe.ops.cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+                          add_precision_flag, add_speed_flags, config_from, positive_int,
+                          report, use_device)
 
 
 def _positive(text):
@@ -183,22 +175,18 @@ def train(args, wire=None):
             "data": source, "samples": [len(train_x), len(test_x)]}
 
 
-def _report(error):
-    print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
-
-
 def main(argv=None):
     args = parse_args(argv)
     try:
         train(args)
     except (ValueError, TypeError, CheckpointError) as e:   # a usage mistake: what to change
-        _report(e)
+        report(e)
         sys.exit(2)
     except FloatingPointError as e:                          # every rank saw the same loss
-        _report(str(e).replace("learning rate", "learning rate (--lr)"))
+        report(FloatingPointError(str(e).replace("learning rate", "learning rate (--lr)")))
         sys.exit(1)
     except PipelineError as e:                               # say where this rank was, then
-        _report(e)                                           # end the job: peers may be stuck
+        report(e)                                            # end the job: peers may be stuck
         e.abort(1)
 
 

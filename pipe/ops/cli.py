@@ -11,13 +11,29 @@ from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
            "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
-           "run", "precision_name"]
+           "run", "precision_name", "report", "launch_rank"]
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
+    def error(self, message):            # (every rank parses the same flags: rank 0 says it)
+        if launch_rank() == 0:
+            print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def launch_rank():
+    """This process's rank as its launcher numbers it (mpiexec, msrun); 0 alone."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MS_NODE_ID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def report(error):
+    """A refused value in one line, the config fields it names shown as flags; a mistake
+    raised alike on every rank (pipe.ops.watchdog.alike_on_every_rank) said once, by rank 0."""
+    if not getattr(error, "on_every_rank", False) or launch_rank() == 0:
+        print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
 
 
 def positive_int(text):
@@ -53,12 +69,19 @@ def add_layout_flags(parser, batch_size):
 
 def add_precision_flag(parser):
     """--precision: fp16 computes in float16 on float32 weights with a loss scale
-    (pipe.features.precision); bf16 is named so that pipe can say why it is refused. --tf32: float32
-    products in TF32 on GPU."""
-    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+    (pipe.features.precision). --tf32: float32 products in TF32 on GPU."""
+    parser.add_argument("--precision", type=precision, choices=["fp32", "fp16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
     parser.add_argument("--tf32", action="store_true",
                         help="GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)")
+
+
+def precision(text):
+    """--precision's value; bf16 is refused with its reason (it is not among the choices)."""
+    if text == "bf16":
+        raise argparse.ArgumentTypeError("bf16 is not available: MindSpore 2.10 has no bfloat16 "
+                                         "kernels on CPU or GPU; use fp16 or fp32")
+    return text
 
 
 def precision_name(args):
@@ -130,5 +153,5 @@ def run(main):
     try:
         main()
     except (ValueError, TypeError) as e:
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)
+        report(e)
         sys.exit(2)

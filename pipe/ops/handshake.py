@@ -187,6 +187,18 @@ def check_input(spec, carried):
     return None
 
 
+def check_dtype(chunk, spec):
+    """("dtype", the first weights' dtype index) when the chunk's first layer has weights of
+    another float dtype than its input: found before running it, whose failed compile would
+    print pages first; else None."""
+    if isinstance(spec, Parts) or chunk.half:
+        return None
+    first, weight = _first_weight(chunk)
+    if first == 0 and spec[1] in FLOATS and spec[1] != weight.dtype:
+        return "dtype", DTYPES.index(weight.dtype)
+    return None
+
+
 def explain(chunk, spec, labels, error):
     """(kind, expected, what) for the `error` that a stage's forward raised on an input of
     `spec`: the boundary's dtype or shape when the stage's first layer with weights cannot
@@ -273,7 +285,8 @@ class StageCheck:
         when it (or an earlier chunk of this rank) failed."""
         if self.failure is not None:
             return None
-        problem = check_input(spec, self.carried if vs else None)
+        problem = (check_input(spec, self.carried if vs else None)
+                   or check_dtype(self.chunks[c], spec))
         if problem is not None:
             self.failure = Failure(vs, spec, *problem, "", None)
             return None
@@ -343,6 +356,8 @@ def agreed(wire, work, what="while building its stages"):
     failed[wire.rank] = error is not None
     failed = wire.all_reduce(ms.Tensor(failed), tuple(range(wire.size))).asnumpy()
     if error is not None:
+        if failed.all():                 # (every rank failed here: told once, by rank 0)
+            error.on_every_rank = True
         raise error
     if failed.any():
         rank = int(np.argmax(failed))

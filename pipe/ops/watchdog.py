@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pipe.ops.simulator import format_position
 
 __all__ = ["PipelineError", "PeerFailed", "WireTimeout", "Watch", "Watchdog",
-           "end_job_on_uncaught", "end_job", "first_line"]
+           "end_job_on_uncaught", "end_job", "first_line", "alike_on_every_rank"]
 
 
 PEER_GRACE = 30.0    # seconds a rank told of a peer's failure waits for that peer to end the job
@@ -35,6 +35,17 @@ class PeerFailed(RuntimeError):
 
 class WireTimeout(RuntimeError):
     """A send, receive or all-reduce saw no progress for `timeout` seconds."""
+
+
+@contextmanager
+def alike_on_every_rank():
+    """A mistake raised in this block is raised alike on every rank (the config, the
+    launch's size, the whole model): marked so that a program says it once, on rank 0."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        error.on_every_rank = True
+        raise
 
 
 def has_deadlines(wire):

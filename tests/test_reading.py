@@ -1,0 +1,21 @@
+"""docs/reading.md: every `pipe/<file>.py:first-last` it cites is exactly one function's or
+class's lines, at this commit."""
+import ast
+import os
+import re
+
+from launch import ROOT
+
+
+def spans(path):
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    return {(n.lineno, n.end_lineno) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_every_line_reference_is_a_whole_function_or_class():
+    with open(os.path.join(ROOT, "docs", "reading.md")) as f:
+        cited = re.findall(r"`(pipe/[\w/]+\.py):(\d+)-(\d+)`", f.read())
+    assert len(cited) >= 15
+    for path, first, last in cited:
+        assert (int(first), int(last)) in spans(path), f"{path}:{first}-{last}"
