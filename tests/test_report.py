@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from report import NOTES, chart, format_table, summarize  # noqa: E402
+from report import NOTES, chart, format_table, label, summarize  # noqa: E402
 
 
 def row(rank, stage, step_ms, **extra):
@@ -20,7 +20,7 @@ def test_a_run_without_its_one_device_baseline_shows_a_dash_and_says_why():
                                 "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
     assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "1", "7111.11",
                                 "-", "-", "-", "-", "-", "0.80", "1.00", "1.00", "F", "250"]
-    assert lines[2:] == [NOTES["-"], NOTES["host"]]
+    assert lines[2:] == [NOTES["columns"], NOTES["-"], NOTES["host"]]
 
 
 def test_the_gpt_row_shows_tokens_and_mfu():
@@ -52,3 +52,13 @@ def test_the_headline_compares_with_mindspore_on_one_device_and_charts_every_row
         ("1x1", "builtin", 1.0), ("2x1", "pipe", 1.6), ("2x1", "torch", 3.2)]
     assert chart(rows, str(tmp_path / "results.png")) == f"chart: {tmp_path / 'results.png'}"
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_chart_names_what_ran_on_one_device():
+    """MindSpore's and torch's one-device steps are no pipeline, and the chart says so."""
+    lines = [row(0, 0, 16.0, impl="builtin", schedule="builtin", stages=1, micro_batches=1,
+                 device="GPU"),
+             row(0, 0, 12.0, impl="torch", schedule="-", stages=1, micro_batches=1, device="GPU"),
+             row(0, 0, 8.0, device="GPU"), row(1, 1, 10.0, device="GPU")]
+    assert [label(r) for r in summarize(lines)] == [
+        "MindSpore, one GPU, no pipeline", "torch, one GPU", "pipe (loop) 2x1 1f1b"]
