@@ -19,7 +19,8 @@ import mindspore as ms
 from pipe.actions import Actions
 from pipe.batch import as_tensor, split
 from pipe.compiled import Compiled
-from pipe.fast.defaults import LEFT, action_flops, announce, choose_graph, most_of
+from pipe.fast.defaults import (LEFT, action_flops, announce, choose_defer, choose_graph,
+                                is_composite, most_of)
 from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.features.batchnorm import average_buffers
 from pipe.features.clip import clip_by_global_norm
@@ -79,7 +80,7 @@ class PipelineEngine:
             self.topo.check_world_size(self.wire.size)
         self.stage = self.topo.stage_of(self.wire.rank)
         self.replica = self.topo.replica_of(self.wire.rank)
-        self.layout = plan(model, loss_fn, config, self.wire, sample, self.left)
+        self.layout = plan(model, loss_fn, config, self.wire, sample)
         self.schedule, self.chunks = self.layout.schedule, self.layout.chunks
         self.optimizer = make_optimizer(self.layout.params)
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
@@ -336,9 +337,18 @@ class PipelineEngine:
         self.update_in_graph = one_graph and updates_in_graph(self.layout)
 
     def choose(self, p2p):
-        """What the config left to pipe (pipe.fast.defaults), once the first step's check has
-        agreed what crosses the boundaries: the same on every rank; rank 0 says it."""
-        choices = [self.layout.why_defer] if "defer_wgrad" in self.left else []
+        """What the config left to pipe (pipe.fast.defaults), chosen here alone, once the
+        first step's check has agreed what crosses the boundaries: every rank's layers and
+        actions vote, so the choice is the same everywhere; rank 0 says it in one line."""
+        choices = []
+        if "defer_wgrad" in self.left:
+            layers = [layer for chunk in self.chunks for layer in chunk.layers]
+            buffers = most_of(self.wire, len(self.layout.buffers)) > 0
+            composite = most_of(self.wire, sum(map(is_composite, layers))) > 0
+            defer, why = choose_defer(self.config, buffers, composite)
+            self.layout.defer(defer)
+            self.schedule = self.layout.schedule
+            choices.append(why)
         if "one_graph" in self.left:
             specs = [p2p.specs[vs] for vs in self.layout.virtual_stages_held]
             flops = most_of(self.wire, action_flops(self.chunks, specs))

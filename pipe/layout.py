@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pipe.chunk import Chunk
-from pipe.fast.defaults import choose_defer, is_composite, most_of
 from pipe.features.batchnorm import refuse_deferred
 from pipe.features.builders import LayerBuilders
 from pipe.features.precision import check_layer_precision
@@ -39,10 +38,7 @@ class Layout:
     bounds: list         # their [first, last) layers
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
-    defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: plan)
-    any_buffers: bool = False   # some rank's layers hold buffers (asked when pipe chooses)
-    any_composite: bool = False  # some rank has a weighted layer other than nn.Dense (likewise)
-    why_defer: str = ""  # why W is deferred or not, when pipe chose (pipe.fast.defaults)
+    defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: defer)
 
     @property
     def stage(self):
@@ -88,6 +84,13 @@ class Layout:
         return [k not in self.copies or self.rank == min(self.copies[k])
                 for k in range(len(self.params))]
 
+    def defer(self, defer_wgrad):
+        """Run W at the flush or per micro-batch (pipe's choice, at the first step)."""
+        c = self.config
+        self.defer_wgrad = defer_wgrad
+        self.schedule = checked_schedule(c.schedule, c.stages, c.micro_batches,
+                                         c.chunks_per_stage, defer_wgrad)
+
     def describe(self):
         """The layout a checkpoint records in its meta.json (resuming may use another)."""
         c = self.config
@@ -101,12 +104,10 @@ def distinct_params(chunks):
     return list({id(p): p for chunk in chunks for p in chunk.params}.values())
 
 
-def plan(model, loss_fn, config, wire, sample=None, left=()):
+def plan(model, loss_fn, config, wire, sample=None):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
-    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers.
-    `left`: the switches the config left to pipe (pipe.fast.defaults); defer_wgrad is
-    chosen here."""
+    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers."""
     if isinstance(model, (list, tuple)):
         model = LayerBuilders(model, config.seed)
         if config.partition in ("parameters", "time"):
@@ -120,17 +121,7 @@ def plan(model, loss_fn, config, wire, sample=None, left=()):
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
-    layout = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
-    if left:                             # pipe chooses: every rank's layers count
-        layout.any_buffers = most_of(wire, len(layout.buffers)) > 0
-        layout.any_composite = most_of(wire, sum(is_composite(layer) for chunk in layout.chunks
-                                                 for layer in chunk.layers)) > 0
-    if "defer_wgrad" in left:            # the same on every rank: the vote above
-        layout.defer_wgrad, layout.why_defer = choose_defer(config, layout.any_buffers,
-                                                            layout.any_composite)
-        layout.schedule = checked_schedule(config.schedule, config.stages, config.micro_batches,
-                                           config.chunks_per_stage, layout.defer_wgrad)
-    return layout
+    return agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
 
 
 def build_layout(model, loss_fn, config, rank, costs):

@@ -1,6 +1,5 @@
 """pipe.private: with MindSpore's private APIs replaced by their public fallbacks
-(PIPE_PUBLIC_ONLY=1, in a process of its own), pipe trains the same weights, bit for bit,
-in the loop and as one graph."""
+(PIPE_PUBLIC_ONLY=1, in a process of its own), pipe trains the same weights, bit for bit."""
 import os
 import subprocess
 import sys
