@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
 
 def launch_rank():
     """This process's rank as its launcher numbers it (mpiexec, msrun); 0 alone."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MS_NODE_ID"):
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MS_NODE_ID", "RANK_ID"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
