@@ -117,7 +117,7 @@ class Unscale(nn.Cell):
     Inf and nan come from one sum per gradient (an inf or a nan anywhere makes the sum of
     sums inf or nan), the range from one peak per float16 gradient."""
 
-    def __init__(self, half=()):
+    def __init__(self, half):
         super().__init__()
         self.half = tuple(half)
 
@@ -126,7 +126,7 @@ class Unscale(nn.Cell):
         for i in range(len(grads)):
             g = grads[i] * inverse
             unscaled, sums = unscaled + (g,), sums + (g.sum(),)
-            if i < len(self.half) and self.half[i]:
+            if self.half[i]:
                 peaks = peaks + (ops.abs(g).max(),)
         overflow = ops.logical_not(ops.isfinite(ops.addn(sums)))
         if peaks:
@@ -137,7 +137,7 @@ class Unscale(nn.Cell):
 class LossScaler:
     """The loss scale S, and what it does each step (see the module's docstring)."""
 
-    def __init__(self, value, window, half=()):
+    def __init__(self, value, window, half):
         """`half`: per gradient the step sums, whether it is a float16 product (Unscale)."""
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth

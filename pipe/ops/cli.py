@@ -7,6 +7,7 @@ import sys
 from dataclasses import fields
 
 from pipe.config import PipelineConfig, as_flags
+from pipe.ops.watchdog import is_alike
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
@@ -32,7 +33,7 @@ def launch_rank():
 def report(error):
     """A refused value in one line, the config fields it names shown as flags; a mistake
     raised alike on every rank (pipe.ops.watchdog.alike_on_every_rank) said once, by rank 0."""
-    if not getattr(error, "on_every_rank", False) or launch_rank() == 0:
+    if not is_alike(error) or launch_rank() == 0:
         print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
 
 

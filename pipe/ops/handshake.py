@@ -22,7 +22,7 @@ from mindspore import nn
 from pipe.features.batchnorm import buffers_kept
 from pipe.features.token_loss import check_count, is_counted
 from pipe.layers import arguments, variable
-from pipe.ops.watchdog import PeerFailed, first_line
+from pipe.ops.watchdog import PeerFailed, alike, first_line
 from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
                        spec_of, write_header)
 
@@ -356,9 +356,7 @@ def agreed(wire, work, what="while building its stages"):
     failed[wire.rank] = error is not None
     failed = wire.all_reduce(ms.Tensor(failed), tuple(range(wire.size))).asnumpy()
     if error is not None:
-        if failed.all():                 # (every rank failed here: told once, by rank 0)
-            error.on_every_rank = True
-        raise error
+        raise alike(error) if failed.all() else error   # (all failed: told once, by rank 0)
     if failed.any():
         rank = int(np.argmax(failed))
         raise PeerFailed(f"rank {rank} failed {what}: rank {rank}'s error says why")

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from pipe.ops.simulator import format_position
 
 __all__ = ["PipelineError", "PeerFailed", "WireTimeout", "Watch", "Watchdog",
-           "end_job_on_uncaught", "end_job", "first_line", "alike_on_every_rank"]
+           "end_job_on_uncaught", "end_job", "first_line", "alike_on_every_rank", "alike",
+           "is_alike"]
 
 
 PEER_GRACE = 30.0    # seconds a rank told of a peer's failure waits for that peer to end the job
@@ -44,8 +45,18 @@ def alike_on_every_rank():
     try:
         yield
     except (ValueError, TypeError) as error:
-        error.on_every_rank = True
+        alike(error)
         raise
+
+
+def alike(error):
+    """`error`, marked as raised alike on every rank."""
+    error.on_every_rank = True
+    return error
+
+
+def is_alike(error):
+    return getattr(error, "on_every_rank", False)
 
 
 def has_deadlines(wire):
