@@ -168,8 +168,7 @@ class PipelineEngine:
             return loss_sum(state["outputs"]), flat(summed), None, count
         graph = self.graphs[batch.shapes]
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            inputs = self.graph_inputs(graph, batch, masks, scale)
-            losses, summed, sent, overflow, count = graph.call(*inputs)
+            losses, summed, sent, overflow, count = graph(*self.graph_inputs(batch, masks, scale))
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
@@ -183,11 +182,16 @@ class PipelineEngine:
                 state = actions.run(state, action, data)
         return state
 
-    def graph_inputs(self, graph, batch, masks, scale):
-        """Every input of the step's `graph` (pipe.fast.step_graph.INPUTS): the replica's rows
-        and labels, the masks, the scale, 1 / S and the counted labels (or `()`)."""
-        return (*replica_rows(batch), masks, scale, self.inverse_scale(graph),
-                self.counted_labels(batch))
+    def graph_inputs(self, batch, masks, scale):
+        """The step graph's inputs: the replica's rows and labels, the masks, the loss
+        gradient's scale (a number where it is the same every step: fp32 with a scalar loss,
+        which the compiled graph folds in, at 1 multiplying nothing), 1 / S in fp16, and a
+        (sum, count) loss's counted labels; `()` for what the graph does not use."""
+        counted = self.token_counts[batch.shapes]
+        if not (self.scaler or counted):
+            scale = self.mean_weight
+        inverse = self.scaler.inverse() if self.scaler and self.update_in_graph else ()
+        return (*replica_rows(batch), masks, scale, inverse, self.counted_labels(batch))
 
     def counted_labels(self, batch):
         """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
@@ -196,23 +200,11 @@ class PipelineEngine:
     def loss_grad_scale(self, counter):
         """What each micro-batch's loss gradient is multiplied by, as a tensor (made anew only
         when it changes): a scalar loss's weight, `mean_weight` (a (sum, count) loss's
-        `counter` divides by the count instead, on the device), x S in fp16. (A step graph
-        holds it where it never changes: `fixed_scale`.)"""
+        `counter` divides by the count instead, on the device), x S in fp16."""
         value = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
         if self.scale is None or self.scale[0] != value:
             self.scale = value, ms.Tensor(value, ms.float32)
         return self.scale[1]
-
-    def fixed_scale(self, counter):
-        """The loss gradient's scale where it is the same every step (fp32, a scalar loss),
-        else None: the step's graph holds it as a number, which the compiled code folds in
-        (at 1, no multiply, as in one process's step). The loop's pieces take it as a
-        tensor, as the shape check before the first step compiled them."""
-        return None if self.scaler or counter else self.mean_weight
-
-    def inverse_scale(self, graph):
-        """1 / S, for a step graph that unscales (fp16 on one rank); for any other, nothing."""
-        return self.scaler.inverse() if graph.unscale is not None else ()
 
     def update_weights(self, grads):
         """Sum over the replicas, unscale (fp16), sum tied copies, clip, step."""
@@ -317,16 +309,11 @@ class PipelineEngine:
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
         masks = self.dropout_masks(batch, p2p, drawn=False)
-        constants, scale = {}, self.fixed_scale(counter)   # what is the same every step: held
-        if scale is not None:
-            constants["scale"] = scale
-        if not any(masks):               # (no dropout: nothing drawn)
-            constants["masks"] = masks
         unscale = self.scaler.unscale_cell if stepping and self.scaler else None
         graph = StepGraph(Actions(self.layout, p2p, compiled=True),
-                          self.update if stepping else None, unscale, counter, constants)
+                          self.update if stepping else None, unscale, counter)
         if self.wire.size > 1:
-            inputs = self.graph_inputs(graph, batch, masks, self.loss_grad_scale(counter))
+            inputs = self.graph_inputs(batch, masks, self.loss_grad_scale(counter))
             agreed(self.wire, lambda: graph.prepare(*inputs), "compiling the step as one graph")
         self.graphs[batch.shapes] = graph
 

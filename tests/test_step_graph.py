@@ -299,43 +299,31 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
     built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
-    graph = StepGraph(built.actions, built.update, constants={"scale": 0.5})   # not compiled yet
-    scale = engine.loss_grad_scale(None)                                        # (not taken)
+    graph = StepGraph(built.actions, built.update)                              # not compiled yet
+    scale = engine.loss_grad_scale(None)                                        # (fp32: a number)
     with saved_graphs(tmp_path) as files:
-        graph.prepare(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
+        graph.prepare(*engine.graph_inputs(batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
         prepared = len(files())
-        graph.call(*engine.graph_inputs(graph, batch, engine.dropout_masks(batch, p2p), scale))
+        graph(*engine.graph_inputs(batch, engine.dropout_masks(batch, p2p), scale))
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 
-@pytest.mark.parametrize("precision,counted,dropout", [
-    ("fp32", False, False), ("fp16", False, False), ("fp32", True, False), ("fp32", False, True)])
-def test_a_call_takes_and_gives_only_what_is_used(precision, counted, dropout):
-    """Each tensor or () in or out of the step's graph costs the host time per call. Alone,
-    the graph steps inside and hands back the loss alone: no gradients, no message token (it
-    has no message), no overflow flag or 1 / S unless it unscales (fp16), no labels in or
-    count out unless the loss is (sum, count). What is the same every step it holds: the
-    scale in fp32 with a scalar loss (a number: at M=1 no multiply), the masks of a model
-    without dropout."""
+@pytest.mark.parametrize("precision,counted", [("fp32", False), ("fp16", False), ("fp32", True)])
+def test_a_call_gives_only_what_is_used(precision, counted):
+    """Alone, the graph steps inside and hands back the loss, and `()` for the gradients and
+    the message token (it has no message); the overflow flag only where it unscales (fp16),
+    the count only for a (sum, count) loss."""
     import mindspore as ms
     from mlp_run import TokenLoss
 
     from pipe.batch import split
-    engine, x, y = small_engine([nn.Dense(6, 6), nn.Dropout(p=0.5), nn.Dense(6, 3)] if dropout else
-                                [nn.Dense(6, 3)], TokenLoss() if counted else None,
+    engine, x, y = small_engine([nn.Dense(6, 3)], TokenLoss() if counted else None,
                                 one_graph=True, precision=precision)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
-    graph = engine.graphs[batch.shapes]
-    takes = {("fp32", False, False): ("rows", "labels_of_rows"),
-             ("fp16", False, False): ("rows", "labels_of_rows", "scale", "inverse"),
-             ("fp32", True, False): ("rows", "labels_of_rows", "scale", "labels"),
-             ("fp32", False, True): ("rows", "labels_of_rows", "masks")}[precision, counted, dropout]
-    gives = ("loss",) + (("overflow",) if precision == "fp16" else ()) + (("count",) if counted else ())
-    assert (graph.takes, graph.gives) == (takes, gives)
-    assert engine.fixed_scale(engine.token_counts[batch.shapes]) == (None if precision == "fp16" or counted else 1.0)
-    loss, summed, sent, overflow, count = graph.call(*engine.graph_inputs(graph, batch, engine.dropout_masks(
-        batch, engine.links[batch.shapes]), engine.loss_grad_scale(engine.token_counts[batch.shapes])))
+    scale = engine.loss_grad_scale(engine.token_counts[batch.shapes])
+    loss, summed, sent, overflow, count = engine.graphs[batch.shapes](*engine.graph_inputs(
+        batch, engine.dropout_masks(batch, engine.links[batch.shapes]), scale))
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
     assert overflow.asnumpy().tolist() == [0.0] if precision == "fp16" else overflow == ()
     assert count.asnumpy().tolist() == 8.0 if counted else count == ()

@@ -14,7 +14,7 @@ from pipe.batch import as_tensor
 from pipe.compiled import executor
 from pipe.features.token_loss import loss_sum
 
-__all__ = ["StepGraph", "INPUTS", "OUTPUTS", "updates_in_graph", "replica_rows"]
+__all__ = ["StepGraph", "updates_in_graph", "replica_rows"]
 
 
 def replica_rows(batch):
@@ -36,68 +36,31 @@ def updates_in_graph(layout):
             and not config.clip_grad_norm and (config.precision == "fp32" or alone))
 
 
-INPUTS = ("rows", "labels_of_rows", "masks", "scale", "inverse", "labels")
-OUTPUTS = ("loss", "grads", "sent", "overflow", "count")
-
-
 class StepGraph(nn.Cell):
     """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
     the loss gradient's scale, 1 / S, the global batch's labels) -> (this rank's losses
     summed, the summed weight gradients of each chunk, a token set once its messages are
-    done, 1.0 if a gradient overflowed else 0.0, the global batch's count).
+    done, 1.0 if a gradient overflowed else 0.0, the global batch's count); `()` in or out
+    where this graph has no use for it.
 
     Given `counter` (a (sum, count) loss), it counts first and divides the scale by the
     count. Given `update`, it steps too and hands back no gradients; given `unscale` too
     (fp16 on one rank), it divides by S first and steps only if nothing overflowed, as
-    MindSpore's TrainOneStepWithLossScaleCell does. A call takes and gives only what this
-    graph uses (`takes`, `gives`); `constants` it holds (the same every step).
+    MindSpore's TrainOneStepWithLossScaleCell does. The update is a statement whose value
+    nothing reads, as in MindSpore's own step, so each weight steps as soon as its gradient
+    is final. In fp16 the loss comes before the overflow check, where the host waits."""
 
-    The update is a statement whose value nothing reads, as in MindSpore's own step, so
-    each weight steps as soon as its gradient is final, freeing it. In fp16 the loss comes
-    before the overflow check, where the host waits to read the flag.
-
-    With other ranks the engine compiles it first on every rank at once (`prepare`): a
-    graph that fails to compile on one rank is refused on all before any message."""
-
-    def __init__(self, actions, update=None, unscale=None, counter=None, constants=None):
-        """`actions`: the rank's handlers, built to be traced (pipe.actions.Actions);
-        `counter`: a (sum, count) loss's pipe.features.token_loss.TokenCount; `constants`:
-        {input name: its value every step}."""
+    def __init__(self, actions, update=None, unscale=None, counter=None):
         super().__init__(auto_prefix=False)
         self.actions, self.update, self.unscale, self.counter = actions, update, unscale, counter
         self.micro_batches = actions.micro_batches
         self.sends = len(actions.messages) > 0
-        held = dict(constants or {})       # inputs the same every step, and those of no use
-        if unscale is None:
-            held["inverse"] = ()
-        if counter is None:
-            held["labels"] = ()
-        self.takes = tuple(name for name in INPUTS if name not in held)
-        # each input's place among a call's arguments, or -1 and the value the graph holds
-        self.sources = tuple((self.takes.index(name), ()) if name in self.takes
-                             else (-1, held[name]) for name in INPUTS)
-        gives = {"grads": update is None, "sent": self.sends, "overflow": unscale is not None,
-                 "count": counter is not None}
-        self.given = tuple(gives.get(name, True) for name in OUTPUTS)      # (the loss always)
         self.executor = executor(self)   # (called as pipe.compiled says)
 
-    @property
-    def gives(self):
-        """The names of what a call gives, in OUTPUTS' order."""
-        return tuple(name for name, given in zip(OUTPUTS, self.given) if given)
+    def __call__(self, *inputs):
+        return self.executor(*inputs)
 
-    def call(self, *inputs):
-        """A call of the step, given every input (INPUTS' order); every output (OUTPUTS'
-        order), `()` for one this graph does not give."""
-        outputs = iter(self.executor(*self.taken(inputs)))
-        return tuple(next(outputs) if given else () for given in self.given)
-
-    def taken(self, inputs):
-        """Of every input (INPUTS' order), those a call takes."""
-        return tuple(value for name, value in zip(INPUTS, inputs) if name in self.takes)
-
-    def construct(self, *arguments):
-        rows, labels_of_rows, masks, scale, inverse, labels = self.completed(arguments)
+    def construct(self, rows, labels_of_rows, masks, scale, inverse, labels):
         count = ()
         if self.counter is not None:   # the global batch's count divides the scale first
             scale, count = self.counter(labels, scale)
@@ -120,31 +83,13 @@ class StepGraph(nn.Cell):
                 overflow = ops.depend(overflow, losses)   # the loss before the host reads the flag
                 if overflow[0] < 0.5:      # (a bare statement here does not compile)
                     overflow = ops.depend(overflow, self.update(flat))
-        return self.given_only((losses, summed, sent, overflow, count))
-
-    def completed(self, arguments):
-        """Every input (INPUTS' order): a call's argument, else what the graph holds (a loop
-        the compiler unrolls: positions and constants are fixed)."""
-        inputs = ()
-        for position, held in self.sources:
-            inputs = inputs + ((held,) if position < 0 else (arguments[position],))
-        return inputs
-
-    def given_only(self, outputs):
-        """Of every output (OUTPUTS' order), those a call gives."""
-        given = ()
-        for value, gives in zip(outputs, self.given):
-            if gives:
-                given = given + (value,)
-        return given
+        return losses, summed, sent, overflow, count
 
     def prepare(self, *inputs):
-        """Compile the step for these inputs (every input, as `call` takes them) without
-        running it; its first call with inputs of the same shapes then runs what this
-        compiled. (MindSpore has no public call for this: `Cell.compile` builds another
-        graph, GRAPH_MODE's, which a `jit` call does not use, so every first step compiled
-        twice. This is what a `jit` call does before it runs: its executor's `compile`.)"""
-        self.executor.compile("run", *self.taken(inputs))
+        """Compile the step for these inputs without running it: its first call with inputs
+        of the same shapes runs what this compiled (the executor's own `compile`, what a
+        `jit` call does first; `Cell.compile` would build another graph, GRAPH_MODE's)."""
+        self.executor.compile("run", *inputs)
 
     def cut(self, rows):
         """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""
