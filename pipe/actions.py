@@ -24,13 +24,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.features import recompute
 from pipe.layers import arguments, variable, with_sums
 from pipe.schedule import message_key, message_tag
 from pipe.schedules import EVERY
 from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 
-__all__ = ["Actions", "Step", "encode", "take"]
+__all__ = ["Actions", "KeepResiduals", "Step", "encode", "take"]
 
 MESSAGES = {"sF": "send", "sB": "send", "rF": "recv", "rB": "recv"}
 
@@ -103,6 +102,17 @@ def _pick(tensors, positions):
     return picked
 
 
+class KeepResiduals(nn.Cell):
+    """What F keeps for its backward pieces: the residuals and, on the model's last chunk,
+    the loss gradient (pipe.features.recompute.Recompute keeps the input instead)."""
+
+    def kept(self, x, labels, masks, out, residuals, is_last):
+        return residuals, out[1] if is_last else None
+
+    def restored(self, forward, kept, scale, is_last):
+        return kept
+
+
 class Actions(nn.Cell):
     """The handlers of one rank's actions (`program`: its lowered list, encoded), over the
     chunks of `layout` and the messages of `p2p`; `compiled`: built to be traced into a
@@ -128,7 +138,7 @@ class Actions(nn.Cell):
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
         self.no_labels = chunks[0].no_labels
-        self.recompute = layout.config.recompute
+        self.keep = layout.keep          # what F keeps for the backward (KeepResiduals)
         self.micro_batches = layout.config.micro_batches
         actions = layout.schedule.actions[layout.stage]
         messages = [Message(p2p, a, compiled) for a in actions if not a.is_compute]
@@ -183,10 +193,7 @@ class Actions(nn.Cell):
         y = labels[mb] if self.last[c] else self.no_labels
         out, residuals = self.forwards[c](x, y, scale, masks[unit])
         state["done"] = self.order(state["done"], out)
-        if self.recompute:                       # only the input waits (pipe.features.recompute)
-            state["kept"][unit] = (x, y, masks[unit])
-        else:                                    # the residuals, and the loss gradient
-            state["kept"][unit] = (residuals, out[1] if self.last[c] else None)
+        state["kept"][unit] = self.keep.kept(x, y, masks[unit], out, residuals, self.last[c])
         if self.last[c]:
             state["outputs"] = state["outputs"] + (out[0],)
         else:
@@ -248,12 +255,10 @@ class Actions(nn.Cell):
 
     def restored(self, state, mb, c, takes, data):
         """(the residuals, the output gradient) a backward piece of micro-batch mb starts
-        from: the kept residuals (with recompute: the forward run again), and the gradient
-        that arrived, or on the last chunk the loss gradient."""
+        from: what F kept (`keep.restored`), and the gradient that arrived, or on the last
+        chunk the loss gradient."""
         kept = take(state["kept"], mb * self.count + c)
-        if self.recompute:
-            kept = recompute.restored(self.forwards[c], kept, data[3], self.last[c])
-        residuals, start = kept
+        residuals, start = self.keep.restored(self.forwards[c], kept, data[3], self.last[c])
         dy = self.order(start if takes < 0 else take(state["flight"], takes), state["done"])
         return residuals, variable(dy)
 

@@ -4,41 +4,38 @@ A chunk holds no step's state (pipe.actions keeps what is in flight): it is its 
 their parameters and buffers, and its cells, built from pipe.layers and each called as one
 compiled graph (pipe.compiled): F (`forward_cell`), B (`backward_cell`), I and W
 (`input_grad_cell`, `weight_grad_cell`: pipe.split_backward) and inference (`infer_cell`).
-Which piece runs layer i is chosen in one place, `forward_piece` and `backward_piece`: a
-list of guards, one per feature that changes what a layer keeps (precision, dropout, ReLU).
+
+Layer i's forward keeps its input and its backward differentiates it there, unless a piece
+rule says otherwise: `rules` are the features that change what a layer keeps (dropout its
+mask, ReLU its output, fp16 the logits' dtype), each a module with `forward_piece(chunk, i,
+piece)` and `backward_piece(chunk, i, grad)` that returns its own piece or the one given.
 """
 import mindspore as ms
 
 from pipe.compiled import Compiled
-from pipe.features import dropout, relu
-from pipe.features.batchnorm import Buffers, buffers_of
-from pipe.features.dropout import Masks, is_dropout
-from pipe.features.precision import (GradAsFloat16, LogitsAsFloat32, float16_gradients,
-                                     keeps_float32_input, to_half)
-from pipe.features.relu import is_relu
-from pipe.features.token_loss import LossTerm
-from pipe.layers import (Backward, Forward, KeepInput, LayerGrad, arguments, gradient_positions,
-                         last_first, leaves, residual_indices)
-from pipe.ops.predict import Infer
+from pipe.layers import (Backward, Buffers, Forward, Infer, KeepInput, LayerGrad, arguments,
+                         buffers_of, gradient_positions, last_first, leaves, residual_indices)
 from pipe.split_backward import split_cells
 
 __all__ = ["Chunk"]
 
 
 class Chunk:
-    """`first_layer` is the chunk's place in the whole model: `named[k]`, (layer of the
-    model, leaf within it) of leaf layer k, names its dropout masks and its errors.
-    `half`: its layers compute in float16 (pipe.features.precision)."""
+    """`loss`: the loss term on the model's last chunk (pipe.features.token_loss.LossTerm),
+    else None. `first_layer` is the chunk's place in the whole model: `named[k]`, (layer of
+    the model, leaf within it) of leaf layer k, names its dropout masks and its errors.
+    `masks` makes what its forward takes beside x and the labels, from its layers and
+    `named` (pipe.features.dropout.Masks)."""
 
-    def __init__(self, layers, loss_fn=None, is_first=True, first_layer=0, half=False):
+    def __init__(self, layers, loss, is_first, first_layer, rules, masks):
         self.named = [(first_layer + i, j) for i, layer in enumerate(layers)
                       for j in range(len(leaves([layer])))]
         self.layers = leaves(layers)
         self.params = list({id(p): p for layer in self.layers
                             for p in layer.trainable_params()}.values())
         self.buffers = buffers_of(self.layers)
-        self.is_first, self.is_last, self.half = is_first, loss_fn is not None, half
-        self.loss_fn = None if loss_fn is None else LossTerm(loss_fn)
+        self.is_first, self.is_last, self.loss_fn = is_first, loss is not None, loss
+        self.rules = tuple(rules)
         pieces = [self.forward_piece(i) for i in range(len(self.layers))]
         self.residual_of = residual_indices(pieces)
         self.forward_cell = Compiled(Forward(pieces, self.loss_fn))
@@ -49,42 +46,24 @@ class Chunk:
         self.weight_inputs = weight_grad.inputs        # the residuals W reads
         self.infer_cell = Compiled(Infer(self.layers))
         self.kept_buffers = Buffers(self.buffers)      # saved and put back around a backward
-        self.masks = Masks(self.layers, self.named)    # dropout's, per input spec
+        self.masks = masks(self.layers, self.named)
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
         self.training = None                           # the mode the layers are in
-        self.float16_grads = float16_gradients(self.layers, self.params) if half else ()
-        if half:
-            to_half(self.layers)
-
-    def is_logits_layer(self, i):
-        return self.half and self.is_last and i == len(self.layers) - 1
 
     def forward_piece(self, i):
         """Layer i as the forward runs it: (x, masks) -> (output, what its backward keeps)."""
-        layer = self.layers[i]
-        if self.half and keeps_float32_input(self.layers, i):
-            piece = KeepInput(layer)
-        elif is_dropout(layer):
-            piece = dropout.forward_piece(self.layers, i)
-        elif is_relu(layer):
-            piece = relu.forward_piece(self.layers, i)
-        else:
-            piece = KeepInput(layer)
-        return LogitsAsFloat32(piece) if self.is_logits_layer(i) else piece
+        piece = KeepInput(self.layers[i])
+        for rule in self.rules:
+            piece = rule.forward_piece(self, i, piece)
+        return piece
 
     def backward_piece(self, i, input_grad, make=LayerGrad):
         """Layer i's backward: (its residual, dy) -> (dx, weight grads); `make` differentiates
         a layer at its kept input (LayerGrad for B, LayerInputGrad for I)."""
-        layer = self.layers[i]
-        if self.half and keeps_float32_input(self.layers, i):
-            grad = make(layer, input_grad)
-        elif is_dropout(layer):
-            grad = dropout.backward_piece(layer)
-        elif is_relu(layer):
-            grad = relu.backward_piece()
-        else:
-            grad = make(layer, input_grad)
-        return GradAsFloat16(grad) if self.is_logits_layer(i) else grad
+        grad = make(self.layers[i], input_grad)
+        for rule in self.rules:
+            grad = rule.backward_piece(self, i, grad)
+        return grad
 
     def layer_grads(self, input_grad, make=LayerGrad):
         """Every layer's backward, last first, each knowing its residual's index."""

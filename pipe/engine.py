@@ -25,7 +25,7 @@ from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.features.batchnorm import average_buffers
 from pipe.features.clip import clip_by_global_norm
 from pipe.features.dropout import draws
-from pipe.features.precision import LossScaler, set_matmul_precision
+from pipe.features.precision import LossScaler, float16_gradients, set_matmul_precision
 from pipe.features.tied import fold_repeats, sum_copies
 from pipe.features.token_loss import TokenCount, loss_sum
 from pipe.layout import plan
@@ -101,8 +101,8 @@ class PipelineEngine:
         self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.ops.trace.Tracer records a timeline when set
-        self.scaler = LossScaler(config.loss_scale, config.loss_scale_window,
-                                 [h for chunk in self.chunks for h in chunk.float16_grads]) \
+        self.scaler = LossScaler(config.loss_scale, config.loss_scale_window, [
+            h for chunk in self.chunks for h in float16_gradients(chunk.layers, chunk.params)]) \
             if config.precision == "fp16" else None     # (pipe.features.precision)
 
     # ---- one training step ------------------------------------------------------------

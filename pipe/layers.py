@@ -12,7 +12,8 @@ from mindspore import nn, ops
 
 __all__ = ["leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
            "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
-           "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward"]
+           "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
+           "Infer", "Buffers", "buffers_of"]
 
 
 def is_plain_sequence(cell):
@@ -190,3 +191,44 @@ class Backward(nn.Cell):
             dy, dw = layer_grad(residuals[layer_grad.residual], dy)
             grads = dw + grads
         return dy, per_weight(grads, self.positions)
+
+
+class Infer(nn.Cell):
+    """x -> the chunk's output, keeping nothing."""
+
+    def __init__(self, layers):
+        super().__init__(auto_prefix=False)
+        self.layers = nn.CellList(layers)
+
+    def construct(self, *x):   # a tuple as its elements (MindSpore takes a tuple for a constant)
+        x = x if len(x) > 1 else x[0]
+        for layer in self.layers:
+            x = layer(*arguments(x))
+        return x
+
+
+def buffers_of(layers):
+    """The layers' buffers (untrainable parameters), each once."""
+    return list({id(b): b for layer in layers for b in layer.untrainable_params()}.values())
+
+
+class Buffers(nn.Cell):
+    """A chunk's buffers, saved before a backward piece and put back after it."""
+
+    def __init__(self, buffers):
+        super().__init__(auto_prefix=False)
+        self.values = ms.ParameterTuple(buffers)
+
+    def save(self):
+        """A copy of each buffer's value now."""
+        copies = ()
+        for buffer in self.values:
+            copies = copies + (ops.deepcopy(buffer.value()),)
+        return copies
+
+    def put_back(self, copies, after):
+        """Each buffer assigned its saved copy, in place (compiled graphs hold its storage),
+        once `after` (what the backward piece computed) is done."""
+        for buffer, copy in zip(self.values, copies):
+            ops.assign(buffer, ops.depend(copy, after))
+        return after

@@ -11,10 +11,16 @@ output head) is found by identity and listed with the ranks that hold a copy.
 from dataclasses import dataclass
 from functools import cached_property
 
+from pipe.actions import KeepResiduals
 from pipe.chunk import Chunk
+from pipe.features import dropout, relu
+from pipe.features import precision as fp16
 from pipe.features.batchnorm import refuse_deferred
 from pipe.features.builders import LayerBuilders
-from pipe.features.precision import check_layer_precision
+from pipe.features.dropout import Masks
+from pipe.features.precision import check_layer_precision, to_half
+from pipe.features.recompute import Recompute
+from pipe.features.token_loss import LossTerm
 from pipe.features.tied import tied_weights
 from pipe.ops.handshake import agreed
 from pipe.ops.watchdog import alike_on_every_rank
@@ -23,7 +29,7 @@ from pipe.ops.simulator import checked_schedule
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
 from pipe.topology import Topology
 
-__all__ = ["Layout", "build_layout", "plan", "distinct_params"]
+__all__ = ["Layout", "build_layout", "make_chunk", "plan", "distinct_params"]
 
 
 @dataclass
@@ -38,6 +44,7 @@ class Layout:
     bounds: list         # their [first, last) layers
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
+    keep: object         # what F keeps for the backward (pipe.actions.KeepResiduals)
     defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: defer)
 
     @property
@@ -104,6 +111,18 @@ def distinct_params(chunks):
     return list({id(p): p for chunk in chunks for p in chunk.params}.values())
 
 
+def make_chunk(layers, loss_fn=None, is_first=True, first_layer=0, precision="fp32"):
+    """A Chunk of `layers` with the features that change what its layers keep: dropout's
+    masks, ReLU kept at its output, and in fp16 the layers cast (`to_half`) and float32
+    logits."""
+    rules = (dropout, relu)
+    if precision == "fp16":
+        to_half(layers)
+        rules += (fp16,)
+    loss = None if loss_fn is None else LossTerm(loss_fn)
+    return Chunk(layers, loss, is_first, first_layer, rules, Masks)
+
+
 def plan(model, loss_fn, config, wire, sample=None):
     """The layout of this process (`wire.rank`), once the model and the launch are checked.
     `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
@@ -139,8 +158,8 @@ def build_layout(model, loss_fn, config, rank, costs):
         layers, chunk_names = partition(model, all_bounds[vs])
         for i, layer in enumerate(layers, all_bounds[vs][0]):
             check_layer_precision(i, layer, config.precision)
-        chunks.append(Chunk(layers, loss_fn if vs == V - 1 else None, is_first=vs == 0,
-                            first_layer=all_bounds[vs][0], half=config.precision == "fp16"))
+        chunks.append(make_chunk(layers, loss_fn if vs == V - 1 else None, vs == 0,
+                                 all_bounds[vs][0], config.precision))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
     refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
@@ -151,5 +170,6 @@ def build_layout(model, loss_fn, config, rank, costs):
     tied = tied_weights(
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
+    keep = Recompute() if config.recompute else KeepResiduals()
     return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,
-                  chunks, bounds, names, tied, bool(config.defer_wgrad))
+                  chunks, bounds, names, tied, keep, bool(config.defer_wgrad))

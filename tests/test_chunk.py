@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from pipe.actions import Actions, take
-from pipe.chunk import Chunk
+from pipe.actions import Actions, KeepResiduals, take
+from pipe.features.recompute import Recompute
+from pipe.layout import make_chunk
 from pipe.features.dropout import MaskDraw
 from pipe.ops.handshake import probe
 from pipe.ops.memory import Memory
@@ -60,7 +61,8 @@ def handlers(stage, micro_batches=2, recompute=False):
     """The handlers of a rank holding `stage` alone, as a middle stage's: its input and
     output gradient come in flight (keys DY + mb), its output and dx go there."""
     layout = SimpleNamespace(chunks=[stage], stage=0, schedule=lower(one_f_one_b(1, micro_batches)),
-                             config=SimpleNamespace(recompute=recompute, micro_batches=micro_batches))
+                             config=SimpleNamespace(micro_batches=micro_batches),
+                             keep=Recompute() if recompute else KeepResiduals())
     stage.set_mode(True)                          # (the engine's train_step does this)
     return Actions(layout, None, compiled=False)
 
@@ -97,7 +99,7 @@ def mlp():
 @pytest.mark.parametrize("mode", ["whole", "split I + W", "recompute"])
 def test_per_layer_backward_equals_differentiating_the_slice(mode):
     layers, x, dy = mlp(), tensor(4, 6), tensor(4, 3)
-    stage = Chunk(layers, is_first=False)
+    stage = make_chunk(layers, is_first=False)
     dx, grads = one_step(stage, x, dy, split=mode == "split I + W", recompute=mode == "recompute")
     assert_same_backward(dx, grads, layers, x, dy)
 
@@ -110,7 +112,7 @@ def test_deferred_w_over_two_micro_batches_is_the_gradient_of_their_rows(recompu
     gradients autograd gives for their rows stacked. What waits for W is only each weighted
     layer's input and output gradient (3 Dense: 6 tensors), `rows` rows each."""
     layers, x, dy = mlp(), tensor(2 * rows, 6), tensor(2 * rows, 3)
-    stage = Chunk(layers, is_first=False)
+    stage = make_chunk(layers, is_first=False)
     actions, dxs = handlers(stage, recompute=recompute), []
     state = actions.start({}, {})
     for mb in (0, 1):
@@ -134,7 +136,7 @@ RELUS = {"between Dense layers": [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.
 def test_relu_backward_from_its_output(where, mode):
     """A ReLU keeps no tensor of its own when the next layer keeps its output as input."""
     layers, x = RELUS[where], tensor(4, 6)
-    stage = Chunk(layers, is_first=False)
+    stage = make_chunk(layers, is_first=False)
     dy = tensor(*stage.infer(x).shape)
     dx, grads = one_step(stage, x, dy, split=mode == "split I + W")
     assert_same_backward(dx, grads, layers, x, dy)
@@ -142,10 +144,10 @@ def test_relu_backward_from_its_output(where, mode):
 
 def test_a_dense_relu_pair_keeps_one_tensor():
     layers = [nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)]
-    assert Chunk(layers).residual_of == [0, 1, 1, 2, 2]
-    assert Chunk([nn.Dense(6, 8), nn.ReLU()]).residual_of == [0, 1]              # last: its own
-    assert Chunk([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]).residual_of == [0, 1, 2]
-    actions, memory = handlers(Chunk(layers, is_first=False)), Memory()
+    assert make_chunk(layers).residual_of == [0, 1, 1, 2, 2]
+    assert make_chunk([nn.Dense(6, 8), nn.ReLU()]).residual_of == [0, 1]              # last: its own
+    assert make_chunk([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]).residual_of == [0, 1, 2]
+    actions, memory = handlers(make_chunk(layers, is_first=False)), Memory()
     state = forward(actions, actions.start(memory.store("kept", None), {}), 0, tensor(4, 6))
     assert len(state["kept"][0][0]) == 3
     assert memory.peak == 4 * (4 * 6 + 4 * 8 + 4 * 8)            # inputs of the 3 Dense layers
@@ -156,7 +158,7 @@ def test_tied_weight_gradients_are_summed():
     shared = nn.Dense(5, 5)
     layers = [shared, nn.Tanh(), shared]
     x, dy = tensor(3, 5), tensor(3, 5)
-    dx, grads = one_step(Chunk(layers, is_first=False), x, dy)
+    dx, grads = one_step(make_chunk(layers, is_first=False), x, dy)
     want_dx, want_dw = reference_grads(layers, x, dy)  # autograd sums both uses itself
     assert len(grads) == 2                             # weight and bias, once each
     assert_close(dx, want_dx)
@@ -169,7 +171,7 @@ def test_dropout_backward_uses_the_mask_its_forward_drew():
     gradient are exactly the units the forward dropped."""
     ms.set_seed(3)
     first, dropout, last = nn.Dense(8, 64), nn.Dropout(p=0.5), nn.Dense(64, 4)
-    stage = Chunk([first, dropout, last], is_first=False)
+    stage = make_chunk([first, dropout, last], is_first=False)
     x, dy = tensor(1, 8), tensor(1, 4)
     stage.masks.learn(x)
     drawn = stage.masks.of(((1, 8), ms.float32), MaskDraw(seed=0, step=1, rows=slice(0, 1), batch_size=1))
@@ -195,7 +197,7 @@ class _Apply(nn.Cell):
 def batch_norm_stage():
     ms.set_seed(4)
     layers = [nn.Dense(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Dense(5, 3)]
-    return layers, Chunk(layers, is_first=False)
+    return layers, make_chunk(layers, is_first=False)
 
 
 def buffers(stage):
@@ -234,7 +236,7 @@ def test_half_precision_relu_after_batch_norm_is_differentiated_at_its_float32_i
     """Batch norm computes in float32 between float16 layers: the ReLU after it gets its
     float32 gradient from its kept input, as autograd over the same cast layers does."""
     layers, _ = batch_norm_stage()
-    stage = Chunk(layers, is_first=False, half=True)       # casts `layers` in place
+    stage = make_chunk(layers, is_first=False, precision="fp16")       # casts `layers` in place
     x, dy = tensor(4, 6), ms.Tensor(rng.standard_normal((4, 3)).astype(np.float16))
     dx, grads = one_step(stage, x, dy, split)
     for layer in layers:
@@ -247,7 +249,7 @@ def test_half_precision_relu_after_batch_norm_is_differentiated_at_its_float32_i
 
 def test_infer_runs_in_eval_mode():
     ms.set_seed(5)
-    dropout_stage = Chunk([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
+    dropout_stage = make_chunk([nn.Dense(4, 4), nn.Dropout(p=0.5)], is_first=False)
     x = tensor(3, 4)
     assert_close(dropout_stage.infer(x), dropout_stage.layers[0](x))    # no dropout
 
@@ -256,7 +258,7 @@ def test_held_bytes_are_read_once_per_step_shapes():
     """The engine names each step's micro-batch shapes (pipe.ops.memory reads an entry's bytes
     once per those): entries of other shapes are counted anew, and taking one gives back
     what it added."""
-    actions, memory = handlers(Chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)), Memory()
+    actions, memory = handlers(make_chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)), Memory()
     for rows in (4, 2, 4):
         state = actions.start(memory.store("kept", ((rows, 6), (rows,))), {})
         state = forward(actions, state, 0, tensor(rows, 6))

@@ -14,7 +14,7 @@ from launch import load, loop_config, results
 from mindspore import nn, ops
 from user_layers import GraphOnly, HiddenDropout
 
-from pipe.chunk import Chunk
+from pipe.layout import make_chunk
 from pipe.engine import PipelineEngine
 from pipe.ops.deadlines import DeadlineWire
 from pipe.ops.handshake import HALF_HINT, check_input
@@ -65,7 +65,7 @@ def test_models_pipe_cannot_split_are_refused(model, message):
 
 def test_a_skip_connection_as_one_layer_is_kept_whole():
     block = Residual([nn.Dense(4, 4)])
-    stage = Chunk([nn.Dense(4, 4), block], is_first=False)
+    stage = make_chunk([nn.Dense(4, 4), block], is_first=False)
     assert stage.layers[1] is block
 
 

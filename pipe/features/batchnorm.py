@@ -3,43 +3,14 @@ over the replicas.
 
 A layer in training mode updates its buffers each time it runs; pipe's backward runs a
 layer again, so each backward piece (B, I, W) saves the buffers before it and puts them
-back after (`Buffers`: graph-compilable, the loop and the step's graph run the same
-lines). After the step, each buffer is averaged over the replicas, which saw different
+back after (`pipe.layers.Buffers`). After the step, each buffer is averaged over the replicas, which saw different
 data.
 """
 from contextlib import contextmanager
 
-import mindspore as ms
-from mindspore import nn, ops
+from mindspore import ops
 
-__all__ = ["Buffers", "buffers_of", "buffers_kept", "average_buffers", "refuse_deferred"]
-
-
-def buffers_of(layers):
-    """The layers' buffers (untrainable parameters), each once."""
-    return list({id(b): b for layer in layers for b in layer.untrainable_params()}.values())
-
-
-class Buffers(nn.Cell):
-    """A chunk's buffers, saved before a backward piece and put back after it."""
-
-    def __init__(self, buffers):
-        super().__init__(auto_prefix=False)
-        self.values = ms.ParameterTuple(buffers)
-
-    def save(self):
-        """A copy of each buffer's value now."""
-        copies = ()
-        for buffer in self.values:
-            copies = copies + (ops.deepcopy(buffer.value()),)
-        return copies
-
-    def put_back(self, copies, after):
-        """Each buffer assigned its saved copy, in place (compiled graphs hold its storage),
-        once `after` (what the backward piece computed) is done."""
-        for buffer, copy in zip(self.values, copies):
-            ops.assign(buffer, ops.depend(copy, after))
-        return after
+__all__ = ["buffers_kept", "average_buffers", "refuse_deferred"]
 
 
 @contextmanager

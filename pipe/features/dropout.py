@@ -72,13 +72,14 @@ def is_dropout(layer):
     return type(layer) is nn.Dropout
 
 
-def forward_piece(layers, i):
+def forward_piece(chunk, i, piece):
     """An nn.Dropout as the forward runs it: its mask taken from the masks given."""
-    return KeepMask(layers[i], sum(map(is_dropout, layers[:i])))
+    layers = chunk.layers
+    return KeepMask(layers[i], sum(map(is_dropout, layers[:i]))) if is_dropout(layers[i]) else piece
 
 
-def backward_piece(layer):
-    return MaskGrad(layer)
+def backward_piece(chunk, i, grad):
+    return MaskGrad(chunk.layers[i]) if is_dropout(chunk.layers[i]) else grad
 
 
 class Masks:

@@ -20,10 +20,10 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from pipe.compiled import Compiled
-from pipe.features.relu import is_relu
 
 __all__ = ["LossScaler", "Unscale", "float16_gradients", "LogitsAsFloat32", "GradAsFloat16",
-           "keeps_float32_input", "to_half", "check_layer_precision", "set_matmul_precision"]
+           "computes_half", "forward_piece", "backward_piece", "to_half", "check_layer_precision",
+           "set_matmul_precision"]
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -62,6 +62,26 @@ def check_layer_precision(i, layer, precision):
                             "every layer and scales the loss)")
 
 
+def computes_half(layer):
+    """Whether the layer computes in float16 (`Cell.to_float`, as `to_half` casts it)."""
+    return bool(layer.get_flags().get("fp16"))
+
+
+def is_logits_layer(chunk, i):
+    return chunk.is_last and i == len(chunk.layers) - 1
+
+
+def forward_piece(chunk, i, piece):
+    """(A piece rule of fp16: pipe.chunk.) The model's last layer gives float32 logits, for
+    the loss."""
+    return LogitsAsFloat32(piece) if is_logits_layer(chunk, i) else piece
+
+
+def backward_piece(chunk, i, grad):
+    """... and its backward casts their (scaled) float32 gradient to float16."""
+    return GradAsFloat16(grad) if is_logits_layer(chunk, i) else grad
+
+
 class LogitsAsFloat32(nn.Cell):
     """The model's last layer as the forward runs it, its output cast to float32."""
 
@@ -83,14 +103,6 @@ class GradAsFloat16(nn.Cell):
 
     def construct(self, x, dy):
         return self.grad(x, dy.astype(ms.float16))
-
-
-def keeps_float32_input(layers, i):
-    """In fp16, a ReLU whose input may be float32 (a batch norm's output, or the chunk's
-    input) keeps that input, and autograd differentiates it there: a float32 gradient for
-    a float32 input. ReluGrad at its float16 output (pipe.features.relu) would mix the two
-    dtypes."""
-    return is_relu(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
 
 
 FLOAT16_INF = 65520.0    # the smallest magnitude float16 rounds to inf (65504 + half its step)

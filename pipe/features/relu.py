@@ -9,10 +9,11 @@ backward is the one kernel autograd runs, ReluGrad at the output (pipe.private).
 from mindspore import nn
 
 from pipe.features.dropout import is_dropout
+from pipe.features.precision import computes_half, norms
 from pipe.layers import KeepInput
 from pipe.private import relu_grad
 
-__all__ = ["is_relu", "forward_piece", "backward_piece"]
+__all__ = ["is_relu", "uses_output", "forward_piece", "backward_piece"]
 
 
 def is_relu(layer):
@@ -48,15 +49,28 @@ class OutputGrad(nn.Cell):
         return self.relu_grad(dy, y), ()
 
 
-def forward_piece(layers, i):
+def uses_output(chunk, i):
+    """Whether leaf layer i is a ReLU whose backward runs at its output. In fp16 one whose
+    input may be float32 (the chunk's input, or a batch norm's output) keeps that input
+    instead: ReluGrad at its float16 output would give a float16 gradient for it."""
+    layers = chunk.layers
+    if not is_relu(layers[i]):
+        return False
+    return not (computes_half(layers[i]) and (i == 0 or bool(norms(layers[i - 1]))))
+
+
+def forward_piece(chunk, i, piece):
     """An nn.ReLU as the forward runs it: keeping its output, or nothing when the next
     layer keeps that output as its input (the residual indices then point its backward
     there)."""
+    if not uses_output(chunk, i):
+        return piece
+    layers = chunk.layers
     following = layers[i + 1] if i + 1 < len(layers) else None
     shares = following is not None and not is_dropout(following)
     return SharesOutput(layers[i]) if shares else KeepOutput(layers[i])
 
 
-def backward_piece():
+def backward_piece(chunk, i, grad):
     """An nn.ReLU's backward: ReluGrad at its kept output."""
-    return OutputGrad()
+    return OutputGrad() if uses_output(chunk, i) else grad

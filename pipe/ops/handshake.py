@@ -20,6 +20,7 @@ import numpy as np
 from mindspore import nn
 
 from pipe.features.batchnorm import buffers_kept
+from pipe.features.precision import computes_half
 from pipe.features.token_loss import check_count, is_counted
 from pipe.layers import arguments, variable
 from pipe.ops.watchdog import PeerFailed, alike, first_line
@@ -177,6 +178,11 @@ def _first_weight(chunk):
     return None, None
 
 
+def is_half(chunk):
+    """Whether the chunk computes in float16 (precision='fp16' cast its layers)."""
+    return any(map(computes_half, chunk.layers))
+
+
 def check_input(spec, carried):
     """Whether the wire can bring a stage its input of (shape, dtype) `spec`: ("wire",
     index of the first element it cannot carry) if not, else None. `carried`: the dtypes
@@ -191,7 +197,7 @@ def check_dtype(chunk, spec):
     """("dtype", the first weights' dtype index) when the chunk's first layer has weights of
     another float dtype than its input: found before running it, whose failed compile would
     print pages first; else None."""
-    if isinstance(spec, Parts) or chunk.half:
+    if isinstance(spec, Parts) or is_half(chunk):
         return None
     first, weight = _first_weight(chunk)
     if first == 0 and spec[1] in FLOATS and spec[1] != weight.dtype:
@@ -208,13 +214,13 @@ def explain(chunk, spec, labels, error):
     found = locate_failure(chunk, example(spec), labels)
     if found is None:
         return "model", 0, ("compiling its forward failed (each layer ran alone): "
-                            f"{first_line(error)}{HALF_HINT if chunk.half else ''}")
+                            f"{first_line(error)}{HALF_HINT if is_half(chunk) else ''}")
     k, where, cause = found
     if isinstance(spec, Parts):
         return "model", 0, f"{where}, raised {first_line(cause)}"
     first, weight = _first_weight(chunk)
     shape, dtype = spec
-    if k == first and dtype in FLOATS and dtype != weight.dtype and not chunk.half:
+    if k == first and dtype in FLOATS and dtype != weight.dtype and not is_half(chunk):
         return "dtype", DTYPES.index(weight.dtype), ""
     layer = chunk.layers[k] if k < len(chunk.layers) else None
     if k == 0 and isinstance(layer, nn.Dense) and shape[-1] != layer.in_channels:

@@ -3,28 +3,13 @@ chunk in turn with the layers in eval mode (no dropout, batch norm from its stat
 from dataclasses import replace
 
 import numpy as np
-from mindspore import nn, ops
+from mindspore import ops
 
 from pipe.actions import Actions
 from pipe.batch import MicroBatches
-from pipe.layers import arguments
 from pipe.schedule import Action, lower
 
-__all__ = ["Infer", "forward_only", "split_for_predict", "predict"]
-
-
-class Infer(nn.Cell):
-    """x -> the chunk's output, keeping nothing."""
-
-    def __init__(self, layers):
-        super().__init__(auto_prefix=False)
-        self.layers = nn.CellList(layers)
-
-    def construct(self, *x):   # a tuple as its elements (MindSpore takes a tuple for a constant)
-        x = x if len(x) > 1 else x[0]
-        for layer in self.layers:
-            x = layer(*arguments(x))
-        return x
+__all__ = ["forward_only", "split_for_predict", "predict"]
 
 
 def forward_only(schedule):
