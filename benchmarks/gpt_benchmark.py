@@ -68,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--results", default="gpt_benchmark.jsonl")
     p.add_argument("--label", default="")
+    p.add_argument("--split", action="store_true",
+                   help="pipe's loop: trace two more steps and add where each rank's time goes "
+                        "to --results + '.split' (one line per rank)")
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
@@ -219,7 +222,49 @@ def pipe_step(args, device):
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
     chose = {"defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph, **place,
              "impl": "pipe-graph" if engine.one_graph else "pipe"}
-    return lambda: engine.train_step(ids, targets), chose, params
+    def step():
+        return engine.train_step(ids, targets)
+    step.engine = engine
+    return step, chose, params
+
+
+def kind_of(name):
+    """A traced span's share: an action (`F3`, `rB2:1`, `W*`), the all-reduce, or other."""
+    if name[:2] in ("rF", "rB"):
+        return "receive"
+    if name[:2] in ("sF", "sB"):
+        return "send"
+    return "compute" if name[0] in "FBIW" else "all-reduce" if name == "all-reduce" \
+        else "other"
+
+
+def split(args, engine, device, step_seconds):
+    """Where this rank's step goes: one step traced with each action waiting for the device
+    (compute, waiting on and taking a receive, sending, the all-reduce and the optimizer;
+    the rest is the host between actions), and one traced without waiting (the host's own
+    time issuing each kind). One JSON line per rank in --results + '.split'."""
+    import time
+
+    from pipe.ops.trace import Tracer
+    ids, targets = map(ms.Tensor, data(args))
+    sums = {}
+    for wait in (True, False):
+        engine.tracer = Tracer(engine.wire.rank, "split", device, wait_for_device=wait)
+        engine.barrier()
+        start = time.perf_counter()
+        engine.train_step(ids, targets)
+        wall = time.perf_counter() - start
+        totals = {}
+        for event in engine.tracer.events:
+            kind = kind_of(event["name"])
+            totals[kind] = totals.get(kind, 0.0) + event["dur"] / 1e3
+        sums["device" if wait else "host"] = {**{k: round(v, 2) for k, v in totals.items()},
+                                              "step": round(wall * 1e3, 2)}
+    engine.tracer = None
+    with open(args.results + ".split", "a") as f:
+        f.write(json.dumps({"stages": args.stages, "micro_batches": args.micro_batches,
+                            "precision": precision_name(args), "rank": engine.wire.rank,
+                            "timed_step_ms": round(step_seconds * 1e3, 2), **sums}) + "\n")
 
 
 def count_params(params):
@@ -257,6 +302,8 @@ def run(args, wait):
                                 "samples_per_s": args.batch_size / seconds,
                                 "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
     best = sorted(windows)[len(windows) // 2]
+    if args.split and args.impl == "pipe":
+        split(args, step.engine, device, best)
     if chose["rank"] == 0:
         layout = f"P={devices} M={args.micro_batches}" + (f" {args.schedule}" if devices > 1 else "")
         print(f"{args.impl} {precision_name(args)} {layout} "

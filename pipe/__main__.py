@@ -4,14 +4,9 @@ or compare every schedule for one P, M and set of costs.
     python -m pipe --schedule zb-h1 --stages 4 --micro-batches 8
     python -m pipe --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
     python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
-    python -m pipe --schedule zb-v --stages 2 --micro-batches 8 --defer-wgrad
 
-The table and the bubble come from one simulated timeline with the costs it prints
-(`--cost F I W`, or measured from a recorded trace, whose own bubble is printed beside).
-Memory is counted per stage in micro-batches of a whole stage's activations, held from F
-until the last backward piece (W, when the backward is split): a chunk of v holds 1/v.
-With `--defer-wgrad` every schedule runs its weight gradients at the flush (`W*`).
-"""
+Memory is counted per stage in micro-batches of a whole stage's activations, from F until
+the last backward piece; `--defer-wgrad` runs every W at the flush (`W*`)."""
 import sys
 
 from pipe import schedules
@@ -52,8 +47,8 @@ def compare(stages, micro_batches, chunks_per_stage, cost, defer_wgrad):
 
 
 def show(schedule, cost, lowered, traced=None):
-    """One schedule: its table and bubble from one timeline, its memory and messages; next
-    to the bubble, the `traced` one measured in the trace the costs came from."""
+    """One schedule: its table and bubble, memory and messages; beside the bubble the one
+    measured in the trace the costs came from."""
     timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
     print(format_table(schedule, timeline))
     print(f"\ncosts: F={cost[0]:g} I={cost[1]:g} W={cost[2]:g} "

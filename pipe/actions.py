@@ -1,23 +1,16 @@
 """A rank's actions, each handler written once: run one by one, or traced into one graph.
 
-The engine runs a step's lowered action list (F, B, I, W, send, receive) in one of two
-ways, with the same handlers below:
-
     the loop (one_graph off)               the step as one graph (pipe.fast.step_graph)
     for action in actions.program:         def construct(...):     # compiled, one call
         state = actions.run(state,             for action in actions.program:
                             action, data)          state = actions.run(state, action, data)
 
-Run one by one, each handler is plain Python calling its chunk's compiled cells (each
-call one compiled graph: pipe.compiled), and a message is the wire's own call. Traced,
-MindSpore compiles the same lines once per batch shape (the program is constants, so
-every branch is decided while compiling), and a message is the wire's in-graph operator.
-`state` holds the step's values in flight: the tensors between chunks by message key
-(`flight`), what waits for a backward piece (`kept`: each micro-batch's residuals and loss
-gradient; `waiting`: what W reads), the gradient sums per chunk, the losses, and two
-tokens that order the work (`order`: ops.depend in the graph, nothing in the loop, where
-each call has returned before the next).
-"""
+One by one, a handler calls its chunk's compiled cells and the wire; traced, MindSpore
+compiles the same lines once per batch shape (the program is constants) with messages as
+in-graph operators. `state` is a dict (MindSpore's graphs update a dict in place, not a
+NamedTuple's fields): `flight`, the tensors between chunks by wire tag; `kept` and
+`waiting`, what a backward piece and W read; `grads`, each chunk's sums; `outputs`, the
+losses; `sent` and `done`, tokens that order the work in a graph."""
 from typing import NamedTuple
 
 import mindspore as ms
@@ -46,8 +39,7 @@ class Step(NamedTuple):
 
 
 def encode(schedule, stage):
-    """`stage`'s lowered list as Steps: each tensor in flight named by its message key as
-    an integer, its wire tag."""
+    """`stage`'s lowered list as Steps, each tensor in flight named by its wire tag."""
     program, started, message, V = [], set(), 0, schedule.virtual_stages
     for action in schedule.actions[stage]:
         mb, c = action.mb, action.chunk
@@ -74,8 +66,7 @@ def encode(schedule, stage):
 
 
 def take(store, key):
-    """`store[key]`, released: run one by one, a tensor is freed once its last reader has
-    taken it (in a graph, the compiler frees it)."""
+    """`store[key]`, released: one by one, a tensor is freed once its last reader took it."""
     value = store[key]
     store[key] = None
     return value
@@ -114,12 +105,10 @@ class KeepResiduals(nn.Cell):
 
 
 class Actions(nn.Cell):
-    """The handlers of one rank's actions (`program`: its lowered list, encoded), over the
-    chunks of `layout` and the messages of `p2p`; `compiled`: built to be traced into a
-    graph (messages as operators, work ordered by tokens). `data` is (each micro-batch's
-    inputs, each one's labels, the dropout masks of each micro-batch and chunk, micro-batch
-    first, the loss gradient's scale). With `infer`, F is the forward in eval mode that
-    keeps nothing (predict: layout's schedule is then forward-only, data its inputs)."""
+    """The handlers of one rank's actions (`program`) over the chunks of `layout` and the
+    messages of `p2p`; `compiled`: built to be traced (messages as operators, work ordered by
+    tokens). `data` is (inputs, labels, dropout masks per micro-batch and chunk, the loss
+    gradient's scale). With `infer`, F is predict's eval-mode forward."""
 
     def __init__(self, layout, p2p, compiled, infer=False):
         super().__init__(auto_prefix=False)
@@ -152,9 +141,8 @@ class Actions(nn.Cell):
         self.token = ms.Tensor(0.0, ms.float32)
 
     def start(self, kept, waiting):
-        """A step's state: nothing in flight yet; `kept` and `waiting`, the empty stores
-        of what waits for a backward piece (the loop's count bytes: pipe.ops.memory);
-        `outputs`, what the model's last chunk gives: its losses (its outputs, predicting)."""
+        """A step's state, nothing in flight; `kept` and `waiting` are the stores the loop
+        counts bytes in (pipe.ops.memory)."""
         return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "outputs": (),
                 "sent": self.token, "done": self.token}
 
@@ -184,8 +172,8 @@ class Actions(nn.Cell):
 
     # ---- computations -----------------------------------------------------------------
     def forward(self, state, mb, c, takes, puts, data):
-        """F: chunk c's forward of micro-batch mb, on the batch's rows (virtual stage 0) or
-        on what arrived; its output handed on, or on the last chunk, its loss kept."""
+        """F: chunk c's forward of micro-batch mb on the batch's rows or on what arrived; its
+        output handed on or, on the last chunk, its loss kept."""
         inputs, labels, masks, scale = data
         unit = mb * self.count + c               # this micro-batch on chunk c
         x = inputs[mb] if takes < 0 else take(state["flight"], takes)
@@ -212,7 +200,7 @@ class Actions(nn.Cell):
 
     def backward(self, state, mb, c, takes, puts, first_sum, data):
         """B: chunk c's whole backward of micro-batch mb, its weight gradients added to the
-        chunk's sums (`first_sum`: they start them), the input gradient handed on."""
+        chunk's sums, the input gradient handed on."""
         copies = self.kept_buffers[c].save()          # batch norm: its backward moves nothing
         residuals, dy = self.restored(state, mb, c, takes, data)
         dx, grads = self.backwards[c](dy, *variables(residuals))
@@ -236,9 +224,8 @@ class Actions(nn.Cell):
         return state
 
     def weight_grad(self, state, mb, c, first_sum):
-        """W: chunk c's weight gradients of micro-batch mb, or deferred to the flush (EVERY)
-        of all of them (one product per layer over their rows: pipe.split_backward), added
-        to its sums."""
+        """W: chunk c's weight gradients of micro-batch mb, or of all of them at the flush
+        (EVERY: one product per layer), added to its sums."""
         entries = ()
         for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
             entries = entries + (take(state["waiting"], m * self.count + c),)
@@ -254,9 +241,8 @@ class Actions(nn.Cell):
         return state
 
     def restored(self, state, mb, c, takes, data):
-        """(the residuals, the output gradient) a backward piece of micro-batch mb starts
-        from: what F kept (`keep.restored`), and the gradient that arrived, or on the last
-        chunk the loss gradient."""
+        """(the residuals, the output gradient) a backward piece starts from: what F kept, and
+        the gradient that arrived or, on the last chunk, the loss gradient."""
         kept = take(state["kept"], mb * self.count + c)
         residuals, start = self.keep.restored(self.forwards[c], kept, data[3], self.last[c])
         dy = self.order(start if takes < 0 else take(state["flight"], takes), state["done"])
@@ -274,10 +260,8 @@ class Actions(nn.Cell):
 
 
 def wire_op(p2p, action, shape, dtype, compiled):
-    """What carries one tensor of a send or receive `action`: run one by one, the wire's
-    own call; in a graph on GPU and Ascend MindSpore's operator (a Receive's optional input,
-    a token, orders it), on CPU, which has no Send kernel, mpi4py called from a pyfunc
-    operator, returning a token."""
+    """What carries one tensor of a send or receive: one by one, the wire's call; in a graph,
+    MindSpore's Send/Receive on GPU and Ascend, on CPU mpi4py in a pyfunc operator."""
     wire, peer, sends = p2p.wire, p2p.ranks[action.peer], action.kind[0] == "s"
     if not compiled:
         if sends:
@@ -301,9 +285,8 @@ def wire_op(p2p, action, shape, dtype, compiled):
 
 
 class Message(nn.Cell):
-    """One send or receive: a tuple as a message per element that `travels`, each as its
-    `carrier`; zeros for a gradient that does not. Each part waits for the token of the one
-    before (in a graph; one by one, each call has returned)."""
+    """One send or receive: a tuple as one message per element that `travels` (as its
+    `carrier`), zeros for a gradient that does not; each part after the one before."""
 
     def __init__(self, p2p, action, compiled):
         super().__init__(auto_prefix=False)

@@ -1,15 +1,9 @@
-"""A chunk: one virtual stage's layers and the compiled cells the action handlers call.
+"""A chunk: one virtual stage's layers and the compiled cells the action handlers call:
+F (`forward_cell`), B (`backward_cell`), I and W (pipe.split_backward) and inference.
 
-A chunk holds no step's state (pipe.actions keeps what is in flight): it is its layers,
-their parameters and buffers, and its cells, built from pipe.layers and each called as one
-compiled graph (pipe.compiled): F (`forward_cell`), B (`backward_cell`), I and W
-(`input_grad_cell`, `weight_grad_cell`: pipe.split_backward) and inference (`infer_cell`).
-
-Layer i's forward keeps its input and its backward differentiates it there, unless a piece
-rule says otherwise: `rules` are the features that change what a layer keeps (dropout its
-mask, ReLU its output, fp16 the logits' dtype), each a module with `forward_piece(chunk, i,
-piece)` and `backward_piece(chunk, i, grad)` that returns its own piece or the one given.
-"""
+Layer i's forward keeps its input and its backward differentiates it there, unless one of
+`rules` (the features that change what a layer keeps: dropout, ReLU, fp16; each a module
+with `forward_piece(chunk, i, piece)` and `backward_piece(chunk, i, grad)`) replaces it."""
 import mindspore as ms
 
 from pipe.compiled import Compiled
@@ -21,11 +15,9 @@ __all__ = ["Chunk"]
 
 
 class Chunk:
-    """`loss`: the loss term on the model's last chunk (pipe.features.token_loss.LossTerm),
-    else None. `first_layer` is the chunk's place in the whole model: `named[k]`, (layer of
-    the model, leaf within it) of leaf layer k, names its dropout masks and its errors.
-    `masks` makes what its forward takes beside x and the labels, from its layers and
-    `named` (pipe.features.dropout.Masks)."""
+    """`loss`: the loss term (pipe.features.token_loss.LossTerm) on the model's last chunk,
+    else None; `named[k]`, leaf layer k's place in the whole model, names its masks and
+    errors; `masks(layers, named)` makes what the forward takes beside x and the labels."""
 
     def __init__(self, layers, loss, is_first, first_layer, rules, masks):
         self.named = [(first_layer + i, j) for i, layer in enumerate(layers)
@@ -58,8 +50,8 @@ class Chunk:
         return piece
 
     def backward_piece(self, i, input_grad, make=LayerGrad):
-        """Layer i's backward: (its residual, dy) -> (dx, weight grads); `make` differentiates
-        a layer at its kept input (LayerGrad for B, LayerInputGrad for I)."""
+        """Layer i's backward, (its residual, dy) -> (dx, weight grads); `make` is LayerGrad
+        for B, LayerInputGrad for I."""
         grad = make(self.layers[i], input_grad)
         for rule in self.rules:
             grad = rule.backward_piece(self, i, grad)

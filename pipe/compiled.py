@@ -1,11 +1,8 @@
-"""A compiled piece of work, called from Python the way MindSpore's own training step is.
+"""A compiled piece of work, called from Python as MindSpore's own training step is.
 
-Every piece the loop calls (a chunk's F, B, I, W, its inference, the optimizer's update,
-fp16's unscale, a token loss's count) and the step as one graph run as one compiled graph
-per call. `Compiled` wraps a cell so that a call from Python runs it through one `jit`
-function's executor, made once (a construct made `jit` itself also pays MindSpore's
-bookkeeping of the Cell at every call), while a graph that traces it sees the cell itself.
-"""
+`Compiled` wraps a cell so that a call from Python runs one `jit` function's executor, made
+once (a `jit` construct would also pay the Cell's bookkeeping at every call), while a graph
+that traces it sees the cell itself."""
 from itertools import count
 
 import mindspore as ms
@@ -28,8 +25,7 @@ def executor(cell):
 
 
 class Compiled(nn.Cell):
-    """`cell` as one compiled graph per call from Python; traced in another graph, the cell.
-    (Its parameters keep their names: no prefix.)"""
+    """`cell` as one compiled graph per call from Python; traced in another graph, the cell."""
 
     def __init__(self, cell):
         super().__init__(auto_prefix=False)

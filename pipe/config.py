@@ -1,10 +1,6 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message.
-
-The layout (stages, replicas, micro-batches, batch size, schedule, device) and what the
-features add, each with its default. `defer_wgrad` and `one_graph` left None are chosen by
-pipe, for speed, at the first step (pipe.fast.defaults). Every choice trains one process's model:
-in fp32 to float32 round-off, in fp16 to float16 round-off with the same skipped steps.
-"""
+`defer_wgrad` and `one_graph` left None are chosen by pipe at the first step
+(pipe.fast.defaults); every choice trains one process's model."""
 import re
 from dataclasses import dataclass, fields
 from typing import Optional, Union
@@ -15,9 +11,7 @@ __all__ = ["PipelineConfig", "as_flags"]
 
 
 def as_flags(message):
-    """The library's errors name config fields (`batch_size=30`); a command-line program
-    shows its user the flags instead (`--batch-size 30`): every program names a field's
-    flag after it, with dashes."""
+    """An error naming config fields (`batch_size=30`) as a program's flags (`--batch-size 30`)."""
     names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
     return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?", _flag, message)
 

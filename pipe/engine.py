@@ -3,11 +3,8 @@
     engine = PipelineEngine(model, loss_fn, make_optimizer, PipelineConfig(stages=2, ...))
     loss = engine.train_step(inputs, labels)    # the global mini-batch, same on every rank
 
-Each rank keeps its stage's layers (pipe.layout) and runs its list of schedule actions:
-F, B, I, W and the messages between them, one handler call each (pipe.actions), or the
-same handlers traced into one compiled graph (pipe.fast.step_graph). `train_step` reads
-top to bottom; each feature is a line of it or a guard.
-"""
+Each rank keeps its stage's layers (pipe.layout) and runs its schedule's actions with the
+handlers of pipe.actions, one by one or traced into one graph (pipe.fast.step_graph)."""
 import math
 import os
 import tempfile
@@ -47,10 +44,9 @@ def flat(summed):
 
 
 def prepare_process(config, wire):
-    """All the engine changes outside itself, here: an exception no one catches on one rank
-    ends every rank (its peers would wait on it); MindSpore writes a failed compile's report
-    under the temporary folder, not ./rank_<r>/om/; float32 products on GPU use TF32 exactly
-    when the config says so."""
+    """All the engine changes outside itself: an uncaught exception on one rank ends
+    every rank, MindSpore's failed-compile reports go to the temporary folder (not ./rank_0/om),
+    and TF32 is what the config says."""
     if wire.size > 1:
         end_job_on_uncaught(wire)
     reports = os.path.join(tempfile.gettempdir(), f"pipe-compile-rank{wire.rank}")
@@ -61,11 +57,9 @@ def prepare_process(config, wire):
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training.
 
-    `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
-    `make_optimizer(params)` builds the optimizer over this rank's parameters. `wire`
-    overrides the launcher's (pipe.ops.deadlines.connect); `sample`, one micro-batch of inputs,
-    is needed by partition="time" to time the layers.
-    """
+    `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders);
+    `make_optimizer(params)` builds the optimizer over this rank's parameters; `wire`
+    overrides the launcher's; `sample` (one micro-batch of inputs) is for partition="time"."""
 
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         with alike_on_every_rank():
@@ -130,12 +124,8 @@ class PipelineEngine:
         return 1.0 / (self.config.micro_batches * self.config.data_parallel)
 
     def loss_weight(self, count):
-        """Each micro-batch's loss x this, summed, is the step's loss (the backward started
-        from its gradient x this): `mean_weight`, or for a (sum, count) loss 1/`count`, the
-        global batch's, which the step counted on the device (pipe.features.token_loss). A count
-        of 0 is 0 / 0: refused here, before the optimizer steps outside the graph; a graph
-        that steps itself skipped the step in fp16 (its gradients overflowed) and took it in
-        fp32, as one process would."""
+        """What each micro-batch's loss counts in the step's loss: `mean_weight`, or
+        1/count for a (sum, count) loss (pipe.features.token_loss), whose count of 0 is refused."""
         if count is None:
             return self.mean_weight
         total = float(count.asnumpy())
@@ -150,11 +140,9 @@ class PipelineEngine:
         return 1.0 / total
 
     def run_actions(self, batch, masks, scale):
-        """This rank's actions, by the same handlers (pipe.actions) one by one or as one
-        graph: (its losses' sum, the summed weight gradients of its chunks, in order (none
-        when the graph stepped), whether the graph found a gradient overflowed (fp16
-        stepping inside it), a (sum, count) loss's count (pipe.features.token_loss), else None).
-        `scale` is the loss gradient's, which a (sum, count) loss's count then divides."""
+        """This rank's actions, one by one or as one graph: (its losses' sum, each chunk's
+        summed weight gradients, whether the graph's gradients overflowed, a (sum, count) loss's
+        count or None)."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         counter = self.token_counts[batch.shapes]
         if not self.one_graph:
@@ -175,18 +163,16 @@ class PipelineEngine:
         return losses, flat(summed), overflowed, count if counter else None
 
     def run_loop(self, actions, schedule, state, data):
-        """`actions`' program one handler at a time, each watched (and traced, if asked):
-        this loop is the whole runtime when the step is not one graph, and predict's."""
+        """Run `actions`' program one handler at a time, each watched and traced."""
         for i, action in enumerate(actions.program):
             with self.around(schedule, i):
                 state = actions.run(state, action, data)
         return state
 
     def graph_inputs(self, batch, masks, scale):
-        """The step graph's inputs: the replica's rows and labels, the masks, the loss
-        gradient's scale (a number where it is the same every step: fp32 with a scalar loss,
-        which the compiled graph folds in, at 1 multiplying nothing), 1 / S in fp16, and a
-        (sum, count) loss's counted labels; `()` for what the graph does not use."""
+        """The step graph's inputs: rows, labels, masks, the loss gradient's scale (a
+        number the graph folds in where it never changes), 1 / S in fp16, a (sum, count) loss's
+        labels; `()` for what the graph does not use."""
         counted = self.token_counts[batch.shapes]
         if not (self.scaler or counted):
             scale = self.mean_weight
@@ -198,9 +184,9 @@ class PipelineEngine:
         return as_tensor(batch.source[1]) if self.token_counts[batch.shapes] else ()
 
     def loss_grad_scale(self, counter):
-        """What each micro-batch's loss gradient is multiplied by, as a tensor (made anew only
-        when it changes): a scalar loss's weight, `mean_weight` (a (sum, count) loss's
-        `counter` divides by the count instead, on the device), x S in fp16."""
+        """The loss gradient's scale as a tensor, made anew only when it changes:
+        `mean_weight` for a scalar loss (a (sum, count) loss divides by its count on the device),
+        x S in fp16."""
         value = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
         if self.scale is None or self.scale[0] != value:
             self.scale = value, ms.Tensor(value, ms.float32)
@@ -226,8 +212,8 @@ class PipelineEngine:
             self.update(ms.mutable(grads))
 
     def step_loss(self, losses, weight):
-        """The step's loss on every rank: every rank's losses summed, x `weight`; batch
-        norm's statistics averaged over the replicas on the way."""
+        """The step's loss on every rank, every rank's losses summed x `weight`; batch norm's
+        statistics averaged over the replicas on the way."""
         replicas = self.topo.data_parallel_ranks(self.stage)
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if self.layout.buffers and len(replicas) > 1:
@@ -244,7 +230,7 @@ class PipelineEngine:
 
     def dropout_masks(self, batch, p2p, drawn=True):
         """Each micro-batch's dropout masks for each chunk, micro-batch first
-        (pipe.features.dropout; `drawn` off: keeping every unit, for their shapes)."""
+        (pipe.features.dropout); `drawn` off keeps every unit, for the shapes."""
         if not any(chunk.masks.dropouts for chunk in self.chunks):    # no dropout: none to draw
             return ((),) * (len(batch.cut) * len(self.chunks))
         step = draws(self.config, batch, self.step) if drawn else [None] * len(batch.cut)
@@ -256,8 +242,7 @@ class PipelineEngine:
 
     @property
     def defer_wgrad(self):
-        """Whether W runs at the flush: the config's, or what pipe chose (the config keeps
-        what the user set)."""
+        """Whether W runs at the flush: the config's, or pipe's choice."""
         return self.layout.defer_wgrad
 
     @property
@@ -276,9 +261,8 @@ class PipelineEngine:
 
     # ---- before a step on new shapes ----------------------------------------------------
     def agree_shapes(self, batch, training=True):
-        """The stages agree on what crosses each boundary, every stage's forward checked
-        (pipe.ops.handshake); in training, what the config left to pipe is chosen at the
-        first shapes, and the step's graph is built."""
+        """The stages agree on what crosses each boundary, each forward checked first
+        (pipe.ops.handshake); in training, pipe's choices are made and the step is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
                                batch.labels[0], self.wire.dtypes, training,
@@ -302,10 +286,8 @@ class PipelineEngine:
         return p2p
 
     def build_graph(self, batch, p2p):
-        """The step as one graph for these shapes. With other ranks it is compiled now on
-        every rank at once: one that fails to compile on any rank fails on every rank before
-        any message (the rank where it failed raises the compiler's error, the others name
-        that rank). Alone, its first call compiles it; nothing can wait on it."""
+        """The step as one graph for these shapes; with other ranks compiled now on all
+        at once, so that a compile that fails anywhere fails everywhere before any message."""
         stepping = self.update_in_graph
         counter = self.token_counts[batch.shapes]
         masks = self.dropout_masks(batch, p2p, drawn=False)
@@ -318,15 +300,14 @@ class PipelineEngine:
         self.graphs[batch.shapes] = graph
 
     def run_as(self, one_graph):
-        """Run each step as one graph or action by action (the config keeps what the user
-        set); with one graph and nothing to all-reduce, the optimizer steps inside the graph."""
+        """One graph or the loop; with one graph and nothing to all-reduce, the optimizer
+        steps inside the graph."""
         self.one_graph = one_graph
         self.update_in_graph = one_graph and updates_in_graph(self.layout)
 
     def choose(self, p2p):
-        """What the config left to pipe (pipe.fast.defaults), chosen here alone, once the
-        first step's check has agreed what crosses the boundaries: every rank's layers and
-        actions vote, so the choice is the same everywhere; rank 0 says it in one line."""
+        """What the config left to pipe (pipe.fast.defaults), chosen once at the first
+        shapes by every rank's vote, and said in one line by rank 0."""
         choices = []
         if "defer_wgrad" in self.left:
             layers = [layer for chunk in self.chunks for layer in chunk.layers]
@@ -348,8 +329,8 @@ class PipelineEngine:
 
     # ---- beyond the step --------------------------------------------------------------
     def predict(self, inputs, broadcast=True):
-        """The model's outputs on `inputs` (the whole batch, on every replica) as numpy, on
-        every rank, or only on the last stage when `broadcast` is off (pipe.ops.predict)."""
+        """The model's outputs on `inputs` as numpy, on every rank (or only the last stage
+        when `broadcast` is off): pipe.ops.predict."""
         return predict.predict(self, inputs, broadcast)
 
     def all_reduce(self, what, tensor, ranks):
@@ -361,9 +342,9 @@ class PipelineEngine:
         self.all_reduce("a barrier", ms.Tensor([0], ms.int32), world).asnumpy()
 
     def save(self, directory, step, meta=None):
-        """Checkpoint after `step` steps: replica 0 writes each stage's parameters and
-        optimizer state; rank 0 then merges and seals it (see pipe.ops.checkpoint). `meta`
-        adds what the caller needs to resume (seed, data position)."""
+        """Checkpoint after `step` steps (pipe.ops.checkpoint): replica 0 writes each
+        stage's parameters and optimizer state, rank 0 merges and seals it; `meta` is the
+        caller's (seed, data position)."""
         checkpoint.save_rank(checkpoint.step_dir(directory, step), self.layout, self.optimizer)
         self.barrier()
         if self.wire.rank == 0:
@@ -372,8 +353,8 @@ class PipelineEngine:
         self.barrier()
 
     def resume(self, directory):
-        """Load the newest checkpoint in `directory` (verified), saved with this layout or
-        any other; returns its meta."""
+        """Load the newest verified checkpoint in `directory`, saved with any layout;
+        returns its meta."""
         where, meta = checkpoint.latest(directory)
         checkpoint.load_rank(where, self.parameters_dict(), self.optimizer)
         self.step = meta["step"]
@@ -382,15 +363,13 @@ class PipelineEngine:
         return meta
 
     def parameters_dict(self):
-        """{whole-model name: Parameter} of this rank's parameters and buffers, named as
-        `mindspore.save_checkpoint` names them in the unsplit model (`3.weight`), in every
-        mode: a rank's stages rename their cells, and one_graph wraps them again."""
+        """{whole-model name (`3.weight`): Parameter} of this rank's parameters and
+        buffers, as mindspore.save_checkpoint names them in the unsplit model."""
         return {name: p for chunk, names in zip(self.chunks, self.layout.names)
                 for name, p in zip(names, chunk.state)}
 
     def load_parameters(self, param_dict):
-        """Set this rank's parameters and buffers from `param_dict` ({whole-model name:
-        Parameter or Tensor}, as `mindspore.load_checkpoint` reads the merged model.ckpt
-        or a checkpoint of the unsplit model). Refuses a missing name or another shape."""
+        """Set this rank's parameters and buffers from `param_dict` (a merged model.ckpt
+        or the unsplit model's); refuses a missing name or another shape."""
         checkpoint.load_params(self.parameters_dict(), param_dict, "the parameters given",
                                "load those of the model this engine trains")

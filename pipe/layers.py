@@ -1,12 +1,10 @@
 """A layer as a pipeline runs it: its forward keeping what its backward reads (its
 residuals), and its backward asked of MindSpore at that input, one layer at a time.
 
-A chunk's forward (`Forward`) runs its layers, each wrapped to keep its input (`KeepInput`)
-and, on the model's last chunk, returns the loss and d loss / d logits; its backward
-(`Backward`) runs each layer's vector-Jacobian product at its kept input (`LayerGrad`),
-last layer first, summing weight gradients. For a Dense layer the forward inside the
-backward is dead code (dX = dY W^T, dW = dY^T X): the compiler drops it.
-"""
+`Forward` runs a chunk's layers, each keeping its input (`KeepInput`), and on the model's
+last chunk returns the loss and d loss / d logits; `Backward` runs each layer's
+vector-Jacobian product at its kept input (`LayerGrad`), last layer first. For a Dense the
+forward inside its backward is dead code, which the compiler drops."""
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -50,8 +48,7 @@ def has_bool(values):   # (a constant while compiling)
 
 
 class Differentiable(nn.Cell):
-    """A layer as its backward differentiates it when a bool reaches it (only then: MindSpore
-    2.10 fails to compile `ops.arange(x.shape[1])` in a wrapped layer): no bool gradients."""
+    """A layer differentiated with no bool gradients, used only when a bool reaches it."""
 
     def __init__(self, layer):
         super().__init__(auto_prefix=False)
@@ -81,8 +78,7 @@ class KeepInput(nn.Cell):
 
 class Forward(nn.Cell):
     """(x, labels, scale, extras) -> (output, residuals); on the model's last chunk the output
-    is (loss, d loss / d logits x scale): the backward starts there, the logits not kept. A
-    scale that is a number is a constant of the compiled forward: at 1, no multiply."""
+    is (loss, d loss / d logits x scale), a number scale folded in (at 1, no multiply)."""
 
     def __init__(self, wrapped, loss_fn=None):
         super().__init__(auto_prefix=False)
@@ -162,8 +158,7 @@ def per_weight(grads, positions):
 
 @ms.jit
 def add_grads(sums, grads):
-    """sums + grads, weight by weight. Adding outside the backward compiles the backward
-    once, not once for a step's first micro-batch (no sums yet) and again for the others."""
+    """sums + grads, outside the backward (which then compiles once, not twice)."""
     out = ()
     for u in range(len(sums)):
         out = out + (sums[u] + grads[u],)
@@ -171,8 +166,7 @@ def add_grads(sums, grads):
 
 
 def with_sums(sums, grads, first_sum):
-    """The sums after a backward: its `grads` if the step's first (`first_sum`), else
-    sums + grads."""
+    """The sums after a backward: its `grads` if the step's first, else sums + grads."""
     return grads if first_sum else add_grads(variable(sums), variable(grads))
 
 
@@ -227,8 +221,7 @@ class Buffers(nn.Cell):
         return copies
 
     def put_back(self, copies, after):
-        """Each buffer assigned its saved copy, in place (compiled graphs hold its storage),
-        once `after` (what the backward piece computed) is done."""
+        """Each buffer assigned its saved copy in place, once `after` is done."""
         for buffer, copy in zip(self.values, copies):
             ops.assign(buffer, ops.depend(copy, after))
         return after

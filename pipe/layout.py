@@ -1,13 +1,9 @@
 """What one rank runs: its stage and replica, its schedule, its model chunks.
 
-Every rank builds the same full model (same seed), or only its own layers when the model
-comes as layer builders (pipe.features.builders), and keeps the layers of its virtual stages (with
-v chunks per rank, rank r holds virtual stages r, P + r, ..., or r and 2P-1-r in the V
-of ZB-V and DualPipeV: pipe.schedules).
-Each parameter and buffer is renamed to its whole-model name (`3.weight`), so checkpoints
-from every rank merge into one model; a weight used on two stages (a tied embedding and
-output head) is found by identity and listed with the ranks that hold a copy.
-"""
+Every rank builds the same model (same seed), or only its own layers from layer builders,
+and keeps the layers of its virtual stages (pipe.schedules places them). Each parameter
+and buffer is renamed to its whole-model name (`3.weight`), so checkpoints merge into one
+model; a weight used on two stages is found by identity (pipe.features.tied)."""
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -62,8 +58,8 @@ class Layout:
 
     @cached_property
     def repeats(self):
-        """For the chunks' gradients in order, each one's index in `params`; None when no
-        weight is held by two chunks of this rank (the V's embedding and tied head)."""
+        """Each chunk gradient's index in `params`; None unless two chunks of this rank hold
+        one weight (the V's embedding and tied head)."""
         index = {id(p): k for k, p in enumerate(self.params)}
         positions = [index[id(p)] for chunk in self.chunks for p in chunk.params]
         return positions if len(positions) > len(self.params) else None
@@ -74,8 +70,7 @@ class Layout:
 
     @property
     def virtual_stages_held(self):
-        """The virtual stage of each of this rank's chunks (Schedule.virtual_stages counts
-        them all)."""
+        """The virtual stage of each of this rank's chunks."""
         return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
     @cached_property
@@ -86,8 +81,7 @@ class Layout:
 
     @cached_property
     def norm_once(self):
-        """Per parameter: whether this rank adds it to the global gradient norm (a tied
-        weight on only one rank of its replica)."""
+        """Per parameter: whether this rank adds it to the global gradient norm."""
         return [k not in self.copies or self.rank == min(self.copies[k])
                 for k in range(len(self.params))]
 
@@ -112,9 +106,8 @@ def distinct_params(chunks):
 
 
 def make_chunk(layers, loss_fn=None, is_first=True, first_layer=0, precision="fp32"):
-    """A Chunk of `layers` with the features that change what its layers keep: dropout's
-    masks, ReLU kept at its output, and in fp16 the layers cast (`to_half`) and float32
-    logits."""
+    """A Chunk of `layers` with the features that change what a layer keeps: dropout,
+    ReLU, and in fp16 the layers cast (`to_half`) and float32 logits."""
     rules = (dropout, relu)
     if precision == "fp16":
         to_half(layers)
@@ -124,9 +117,8 @@ def make_chunk(layers, loss_fn=None, is_first=True, first_layer=0, precision="fp
 
 
 def plan(model, loss_fn, config, wire, sample=None):
-    """The layout of this process (`wire.rank`), once the model and the launch are checked.
-    `model` is an nn.SequentialCell or a list of layer builders (pipe.features.builders).
-    `sample` (one micro-batch of inputs) is needed by partition="time" to time layers."""
+    """The layout of this process, once the model and the launch are checked; `sample`
+    (one micro-batch of inputs) is for partition="time"."""
     if isinstance(model, (list, tuple)):
         model = LayerBuilders(model, config.seed)
         if config.partition in ("parameters", "time"):

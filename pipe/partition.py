@@ -31,9 +31,7 @@ def check_model(model):
 
 
 def check_layer(i, layer):
-    """Refuse one layer (leaf `layer` of the model's layer i) that pipe could not train
-    exactly. (A layer that draws random numbers is found by what it does, before the first
-    step: pipe.ops.handshake.)"""
+    """Refuse a leaf `layer` of the model's layer i that pipe could not train exactly."""
     for p in layer.trainable_params():
         if p.dtype != ms.float32:
             raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe keeps float32 "
@@ -43,11 +41,8 @@ def check_layer(i, layer):
 
 
 def balance(costs, stages):
-    """Sizes of `stages` contiguous groups of `costs` that minimise the costliest group.
-
-    Exact dynamic programme over split points (the "linear partition" problem), small
-    enough for any model depth: O(layers^2 x stages). Ties go to the earlier split.
-    """
+    """Sizes of `stages` contiguous groups of `costs` minimising the costliest group: an
+    exact dynamic programme over split points, ties to the earlier split."""
     costs = list(costs)
     prefix = [0]
     for c in costs:
@@ -82,9 +77,8 @@ class _LayerStep(nn.Cell):
 
 
 def profile_layers(model, x, repeats=5, clock=time.perf_counter):
-    """Median seconds of each layer's forward + backward at input `x` (a micro-batch), on the
-    current device: the costs for the "time" partition (torchgpipe's balance by time).
-    `clock` reads the time (the tests give one that does not depend on the machine's load)."""
+    """Median seconds of each layer's forward + backward at input `x` on this device: the
+    "time" partition's costs (torchgpipe's balance by time); `clock` reads the time."""
     costs = []
     for layer in model:
         y = layer(x)
@@ -101,12 +95,10 @@ def profile_layers(model, x, repeats=5, clock=time.perf_counter):
 
 
 def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks_per_stage=1):
-    """[(first, last + 1)] layer indices per virtual stage: `stages` x `chunks_per_stage` of them.
+    """[(first, last + 1)] layers per virtual stage, `stages` x `chunks_per_stage` of them.
 
-    method: "uniform" (equal layer counts, the extra layers go to the first stages),
-    "parameters" (balance the parameter count), a list of layer counts per virtual stage,
-    or a tuple of per-layer costs (from `profile_layers`) to balance.
-    """
+        method: "uniform" (the extra layers to the first stages), "parameters" (balance the
+        parameter count), a list of layer counts, or a tuple of per-layer costs to balance."""
     layers = len(model)
     if stages * chunks_per_stage > layers:
         raise ValueError(
@@ -140,12 +132,8 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks
 
 
 def whole_model_names(model):
-    """{id(parameter): its name in the whole `model`}, as MindSpore names it in
-    `parameters_dict()`, `save_checkpoint` and `load_param_into_net`: the path of the
-    parameter in the model (`3.weight`). A weight reachable by several paths (a tied
-    embedding and output head) has one name there, that of the last cell that took it
-    (`5.table`, not `0.embedding_table`): MindSpore names a parameter as each cell that
-    holds it is put in place, and the last one wins."""
+    """{id(parameter): its name in the whole `model`} as MindSpore's checkpoints name it
+    (`3.weight`); a weight reachable by several paths takes the last cell's, as MindSpore's."""
     paths = {}
     for cell_path, cell in model.cells_and_names():
         for name, p in cell.parameters_and_names(expand=False):
@@ -154,11 +142,8 @@ def whole_model_names(model):
 
 
 def partition(model: nn.SequentialCell, bounds):
-    """The layers from `bounds` (first, last + 1: one of `stage_bounds`), and the names
-    that their parameters, then their buffers (batch norm's moving statistics), have in the
-    whole `model` (`whole_model_names`): the order of `Chunk.params + Chunk.buffers`. So
-    per-stage checkpoints merge back into one that loads into the unsplit model.
-    """
+    """The layers of `bounds`, and the whole-model names of their parameters, then
+    buffers (the order of `Chunk.state`): per-stage checkpoints merge into the unsplit model's."""
     first, last = bounds
     layers = [model[i] for i in range(first, last)]
     names = whole_model_names(model)
@@ -168,8 +153,8 @@ def partition(model: nn.SequentialCell, bounds):
 
 
 def timed_costs(model, sample, wire, world):
-    """Per-layer costs for partition="time". Every rank times every layer on its device and
-    the all-reduced mean is the same everywhere, so every rank computes the same split."""
+    """Per-layer costs for partition="time": each rank times every layer; the all-reduced
+    mean is the same everywhere."""
     if sample is None:
         raise ValueError('partition="time" needs sample=<one micro-batch of inputs> to time '
                          'the layers')

@@ -1,9 +1,5 @@
-"""MindSpore's private APIs that pipe uses, here alone, each with a public fallback.
-
-MindSpore 2.10 has no public call to compile a `jit` function without running it, nor to
-run ReLU's backward from its output. If a release moves either, pipe runs on the public
-fallback; PIPE_PUBLIC_ONLY=1 forces the fallbacks (tests/test_private.py: the same weights).
-"""
+"""MindSpore's private APIs that pipe uses, here alone, each with a public fallback
+(PIPE_PUBLIC_ONLY=1 forces them; tests/test_private.py: the same weights)."""
 import os
 
 from mindspore import nn, ops
@@ -35,9 +31,8 @@ class PublicJit:
 
 
 def jit_executor(run, name, jit_config):
-    """What `ms.jit(run)` runs, made once (`ms.jit` makes one per call), with a `compile`
-    that compiles without running (pipe.fast.step_graph: every rank compiles before any
-    waits on a message; with the fallback the first call compiles)."""
+    """What `ms.jit(run)` runs, made once, with a `compile` that does not run it (the
+    fallback compiles at the first call)."""
     if _JitExecutor is None:
         return PublicJit(run, jit_config)
     return _JitExecutor(run, name, jit_config=jit_config)
@@ -56,6 +51,6 @@ class ReluAt(nn.Cell):
 
 
 def relu_grad():
-    """(dy, y) -> dy where y > 0, for y a ReLU's output: MindSpore's own ReluGrad kernel,
-    or autograd's gradient of relu at y (relu(y) = y for y >= 0: the same values)."""
+    """(dy, y) -> dy where y > 0 for y a ReLU's output: MindSpore's ReluGrad kernel, or
+    autograd's gradient of relu at y (the same values)."""
     return ReluAt() if ReluGrad is None else ReluGrad()

@@ -1,16 +1,10 @@
 """The backward in two pieces: I, the input gradient the previous stage waits for, and W,
 the weight gradients nobody waits for (zero-bubble schedules, deferred W).
 
-I runs each layer's backward for dx only (the compiler drops dW) and stashes each weighted
-layer's output gradient; W computes dW = dY^T X from that stash and the layer's kept input,
-with no input gradient and no forward recomputed. A W deferred to the flush takes what all
-micro-batches left and joins their rows inside its compiled call (rows_of): one product
-per layer.
-
-A layer norm is the exception: its backward is one kernel that gives dx and its weights'
-gradients together, so a W of its own would run the norm's forward and backward again.
-I keeps those gradients (tiny), and W adds up those of its micro-batches.
-"""
+I runs each layer's backward for dx only and stashes each weighted layer's output
+gradient; W computes dW = dY^T X from it and the kept input. A W deferred to the flush
+joins every micro-batch's rows inside its compiled call: one product per layer. A layer
+norm's backward gives dx and its weight gradients at once: I keeps those, W sums them."""
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -27,8 +21,8 @@ def is_norm(layer):
 
 
 class LayerInputGrad(nn.Cell):
-    """(x, dy) -> (dx, what W will need: (dy,) for a layer with weights, else (); for a
-    norm, (its weight gradients,))."""
+    """(x, dy) -> (dx, what W needs: (dy,) for a layer with weights, a norm's weight
+    gradients, else ())."""
 
     def __init__(self, layer, input_grad=True):
         super().__init__(auto_prefix=False)
@@ -65,9 +59,7 @@ class InputGrad(nn.Cell):
 
 
 class WeightGrad(nn.Cell):
-    """W: (for each of its micro-batches, what I left waiting: the inputs of the layers with
-    weights but norms, then the stashes of all layers with weights) -> the weight gradients
-    over all their rows (a norm's: its rows added up)."""
+    """W: (per micro-batch, what I left waiting) -> the weight gradients over all their rows."""
 
     def __init__(self, layers, residual_of):
         super().__init__(auto_prefix=False)
@@ -97,17 +89,14 @@ class WeightGrad(nn.Cell):
 
 
 def split_cells(chunk):
-    """The chunk's I and W cells (built with its other cells, before parameters are named);
-    what W reads waits in the step's state from a micro-batch's I until its W (pipe.actions)."""
+    """The chunk's I and W cells."""
     return (InputGrad(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
             WeightGrad(chunk.layers, chunk.residual_of))
 
 
 def rows_of(entries):
-    """What W reads, from the `waiting` entries of one or more micro-batches: each tensor
-    (or each element of a tuple) holds the rows of all, in their order: one product per
-    layer instead of M products and M - 1 sums. W calls it inside its compiled call, where
-    the compiler drops each join that no product reads."""
+    """What W reads, the `waiting` entries of its micro-batches joined row-wise (the compiler
+    drops each join no product reads)."""
     if len(entries) == 1:
         return entries[0]
     rows = ()

@@ -1,7 +1,5 @@
-"""The wire: send and receive by peer and tag, and all-reduce, between ranks: MindSpore's
-ops over NCCL or HCCL (`msrun`), or on CPU, which has no Send/Receive, mpi4py (`mpiexec`),
-its sends synchronous as NCCL's: an order that could hang on GPUs hangs on CPU too.
-"""
+"""The wire: send and receive by peer and tag, and all-reduce: MindSpore's ops over NCCL or
+HCCL (`msrun`), or on CPU mpi4py (`mpiexec`), its sends synchronous as NCCL's."""
 import os
 import time
 
@@ -155,8 +153,8 @@ def elements(spec):
 
 
 def write_header(spec):
-    """A spec as HEADER int32s: -1 (None: nothing to say), 0 (a tensor) or a tuple's length,
-    then per tensor its rank, dtype index and dims; -1s after."""
+    """A spec as HEADER int32s: -1 (None), 0 (a tensor) or a tuple's length, then per
+    tensor its rank, dtype index and dims."""
     body = [-1] if spec is None else [len(spec) if isinstance(spec, Parts) else 0]
     for shape, dtype in elements(spec) if spec is not None else []:
         body += [len(shape), DTYPES.index(dtype), *shape]
@@ -175,8 +173,8 @@ def read_header(header):
 
 
 class PointToPoint:
-    """One rank's messages: its wire, the ranks of its pipeline by stage, and `specs[b]`,
-    the (shape, dtype) or Parts crossing boundary b (into virtual stage b)."""
+    """One rank's messages: its wire, its pipeline's ranks by stage, and `specs[b]` crossing
+    into virtual stage b."""
 
     def __init__(self, wire, pipeline_ranks, specs):
         self.wire, self.ranks, self.specs = wire, pipeline_ranks, specs

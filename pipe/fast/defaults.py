@@ -1,17 +1,11 @@
 """What pipe chooses when a config leaves `defer_wgrad` or `one_graph` to it (None, the default).
 
-The choices change speed and memory, never the model trained: every mode trains one
-process's model, in fp32 to float32 round-off, in fp16 to float16 round-off with the same
-skipped steps (pipe.features.precision). The rules, chosen by measurement (docs/performance.md,
-"pipe's choices"):
-
-- W deferred to the flush (one product per layer over every micro-batch's rows) unless the
-  config says memory is short (`recompute`), a layer holds buffers (batch norm), or a
-  layer with weights is not an nn.Dense outside one stage's fp16 graph, where deferring
-  saves no launches worth its copies.
-- The step as one graph unless it runs in fp32 on GPUs with messages between stages and
-  each action is long enough (HOST_BOUND_FLOPS) to hide the host's cost per call.
-"""
+The choices change speed and memory, never the model trained. The rules, by measurement
+(docs/performance.md, "pipe's choices"): W deferred to the flush unless `recompute` says
+memory is short, a layer holds buffers (batch norm), or a layer with weights is not an
+nn.Dense outside one stage's fp16 graph; the step as one graph unless it runs in fp32 on
+GPUs with messages between stages and actions long enough (HOST_BOUND_FLOPS) to hide the
+host's cost per call."""
 import math
 
 import mindspore as ms
@@ -32,8 +26,8 @@ HOST_BOUND_FLOPS = 1e10
 
 
 def choose_defer(config, buffers, composite=False):
-    """(whether to defer W, why) for `config`; `buffers`: some rank's layers hold buffers;
-    `composite`: some rank has a layer with weights that is not an nn.Dense."""
+    """(whether to defer W, why); `buffers` / `composite`: some rank's layers hold buffers /
+    a layer with weights that is not an nn.Dense."""
     if config.recompute:
         return False, "W per micro-batch (recompute says memory is short; deferring keeps " \
                       "every micro-batch's activations until the flush)"
@@ -53,8 +47,7 @@ def is_composite(layer):
 
 
 def is_fp16_graph(config):
-    """Whether the step runs as one graph in fp16: always, unless the config says otherwise
-    (choose_graph's first rule; choose_defer reads it before the graph is chosen)."""
+    """Whether the step runs as one graph in fp16: always, unless the config says otherwise."""
     return config.precision == "fp16" and config.one_graph is not False
 
 
@@ -76,9 +69,8 @@ def choose_graph(config, flops):
 
 
 def action_flops(chunks, specs):
-    """The most floating-point operations one F of this rank's chunks computes, counted as
-    2 x (vectors in its input) x (its parameters): the products of dense and attention
-    layers. A float input (rows, ..., width) has rows x ... vectors; token ids, one each."""
+    """The most flops one F of this rank's chunks computes: 2 x (vectors in its input) x
+    (its parameters), a float input (rows, ..., width) having rows x ... vectors."""
     most = 0
     for chunk, spec in zip(chunks, specs):
         shape, dtype = elements(spec)[0]      # a tuple: its first element (hidden states)

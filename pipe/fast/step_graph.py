@@ -18,8 +18,7 @@ __all__ = ["StepGraph", "updates_in_graph", "replica_rows"]
 
 
 def replica_rows(batch):
-    """This replica's (inputs, labels), uncut: the graph cuts them inside (no operator per
-    micro-batch on the host)."""
+    """This replica's (inputs, labels), uncut: the graph cuts them."""
     # (np.shape: a Tensor's len is an operator)
     mine = slice(batch.cut[0].start, batch.cut[-1].stop)
     return tuple(as_tensor(a if mine == slice(0, np.shape(a)[0]) else a[mine])
@@ -27,9 +26,8 @@ def replica_rows(batch):
 
 
 def updates_in_graph(layout):
-    """Whether the optimizer can step inside the graph: its gradients are final there, with
-    no all-reduce (over replicas, tied copies, the global norm, or fp16's overflow flag
-    unless this is the only rank) or sum of a weight two chunks hold between."""
+    """Whether the optimizer can step inside the graph: no all-reduce or sum of copies
+    between its gradients and the update."""
     config = layout.config
     alone = config.stages * config.data_parallel == 1
     return (config.data_parallel == 1 and not layout.tied and not layout.repeats
@@ -37,18 +35,14 @@ def updates_in_graph(layout):
 
 
 class StepGraph(nn.Cell):
-    """(the replica's inputs, its labels, the dropout masks of each micro-batch and chunk,
-    the loss gradient's scale, 1 / S, the global batch's labels) -> (this rank's losses
-    summed, the summed weight gradients of each chunk, a token set once its messages are
-    done, 1.0 if a gradient overflowed else 0.0, the global batch's count); `()` in or out
-    where this graph has no use for it.
+    """(the replica's inputs, its labels, the dropout masks, the loss gradient's scale, 1 / S,
+    the global batch's labels) -> (this rank's losses summed, each chunk's summed weight
+    gradients, a token set once its messages are done, 1.0 if a gradient overflowed, the
+    global batch's count); `()` in or out where this graph has no use for it.
 
-    Given `counter` (a (sum, count) loss), it counts first and divides the scale by the
-    count. Given `update`, it steps too and hands back no gradients; given `unscale` too
-    (fp16 on one rank), it divides by S first and steps only if nothing overflowed, as
-    MindSpore's TrainOneStepWithLossScaleCell does. The update is a statement whose value
-    nothing reads, as in MindSpore's own step, so each weight steps as soon as its gradient
-    is final. In fp16 the loss comes before the overflow check, where the host waits."""
+    Given `counter` (a (sum, count) loss) it counts first; given `update` it steps too, and
+    given `unscale` (fp16 on one rank) only if nothing overflowed, as MindSpore's
+    TrainOneStepWithLossScaleCell does, the update a statement nothing reads."""
 
     def __init__(self, actions, update=None, unscale=None, counter=None):
         super().__init__(auto_prefix=False)
@@ -86,9 +80,8 @@ class StepGraph(nn.Cell):
         return losses, summed, sent, overflow, count
 
     def prepare(self, *inputs):
-        """Compile the step for these inputs without running it: its first call with inputs
-        of the same shapes runs what this compiled (the executor's own `compile`, what a
-        `jit` call does first; `Cell.compile` would build another graph, GRAPH_MODE's)."""
+        """Compile the step for these inputs without running it (the executor's `compile`, what
+        a `jit` call does first)."""
         self.executor.compile("run", *inputs)
 
     def cut(self, rows):

@@ -1,11 +1,6 @@
 """Layers with buffers (batch norm's moving statistics): moved once per forward, averaged
-over the replicas.
-
-A layer in training mode updates its buffers each time it runs; pipe's backward runs a
-layer again, so each backward piece (B, I, W) saves the buffers before it and puts them
-back after (`pipe.layers.Buffers`). After the step, each buffer is averaged over the replicas, which saw different
-data.
-"""
+over the replicas after the step (pipe's backward runs a layer again: each backward piece
+puts the buffers back, `pipe.layers.Buffers`)."""
 from contextlib import contextmanager
 
 from mindspore import ops
@@ -15,17 +10,15 @@ __all__ = ["buffers_kept", "average_buffers", "refuse_deferred"]
 
 @contextmanager
 def buffers_kept(chunk):
-    """Run the body, then put the chunk's buffers back as they were (the check before the
-    first step runs forwards that must move nothing)."""
+    """Run the body, then put the chunk's buffers back as they were."""
     copies = chunk.kept_buffers.save()
     yield
     chunk.kept_buffers.put_back(copies, copies)
 
 
 def average_buffers(wire, buffers, replica_ranks):
-    """Each buffer set to its mean over the replicas. (One all-reduce per buffer: a slice of
-    a flat buffer would be a view, which batch norm's in-place update refuses; assigned in
-    place, since compiled graphs hold its storage.)"""
+    """Each buffer set in place to its mean over the replicas, one all-reduce each (batch
+    norm's in-place update refuses a view of a flat buffer)."""
     for buffer in buffers:
         ops.assign(buffer, wire.all_reduce(buffer.value(), replica_ranks) / len(replica_ranks))
 

@@ -2,27 +2,14 @@
 
     model = [lambda: nn.SequentialCell([nn.Dense(784, 256), nn.ReLU()]), ...,
              lambda: nn.Dense(256, 10)]
-    engine = PipelineEngine(model, loss_fn, make_optimizer, config)
 
-A model that does not fit in one process can then still be pipelined (DeepSpeed's
-LayerSpec, torch's meta-device construction). Layer i is built right after seeding
-MindSpore with (config.seed, i), so its initial weights do not depend on which other
-layers a process builds: every layout, and one process building them all, start from the
-same model. Its parameters are named as in `nn.SequentialCell(built layers)` (`3.weight`).
-
-A layer that shares weights with an earlier one (an output head tied to the input
-embedding) is given as `Tied(owner, builder)`: `builder(layer owner)` returns it, using the
-owner's weights (DeepSpeed's TiedLayerSpec). Every rank builds the tied layers and their
-owners, so each holder of a tied weight has a copy that starts equal, knows the ranks of
-the others (pipe.features.tied sums their gradients) and its whole-model name.
-
-What needs every layer is refused with the fix: partition="parameters" or "time" (they
-weigh every layer). A builder that returns a weight made outside it (an embedding captured
-by the builders of the input layer and of the output head) would give each rank its own
-copy, with no summed gradient: the copies would drift apart. It is found by identity:
-every parameter of a built layer must be new, made by its builder (or, for `Tied`, its
-owner's).
-"""
+So a model too large for one process can be pipelined (DeepSpeed's LayerSpec). Layer i is
+built right after seeding with (config.seed, i): every layout starts from the same weights,
+named as in `nn.SequentialCell(built layers)`. A layer using an earlier one's weights (a
+head tied to the embedding) is `Tied(owner, builder)` (DeepSpeed's TiedLayerSpec); every
+rank builds tied layers and their owners. A builder returning a weight made outside it
+would give each rank an unsynchronized copy: refused, as are partitions that weigh every
+layer."""
 import gc
 import weakref
 
@@ -42,7 +29,7 @@ NOT_NEW = ("a builder makes its layer's weights when called, so build the layer 
 
 
 class Tied:
-    """The builder of a layer that uses weights of layer `owner` (an earlier one):
+    """The builder of a layer that uses weights of the earlier layer `owner`:
     `builder(owner layer)` returns it."""
 
     def __init__(self, owner, builder):
@@ -98,8 +85,8 @@ class LayerBuilders:
         return [self.built[i] for i in range(first, last) if i in self.built]
 
     def _check_new(self, i, layer, owner):
-        """Refuse a layer holding a weight made outside its builder (other than its owner's),
-        or one that another built layer holds too."""
+        """Refuse a layer holding a weight made outside its builder (other than its
+        owner's), or one another built layer holds."""
         shared = {id(p) for p in owner.get_parameters()} if owner is not None else set()
         others = {id(p) for built in self.built.values() for p in built.get_parameters()}
         for p in layer.get_parameters():

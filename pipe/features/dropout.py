@@ -1,15 +1,9 @@
 """Dropout masks drawn on the host from (seed, step, layer, sample): every layout draws the same.
 
-MindSpore's dropout draws its mask inside the compiled graph, from the kernel's own
-generator: how a sample is dropped then depends on how the batch was cut into micro-batches
-and in which order they ran, and pipe's backward, which runs a layer again, would draw
-another. Here a dropout layer's mask for a whole step is a function of the seed, the step
-number, the layer's place in the whole model and the sample's row in the global batch; a
-micro-batch takes its rows of it. The forward takes the masks as an input (drawn on the
-host, for the loop and the step's graph alike) and keeps each dropout's mask instead of its
-input; the backward multiplies by the same mask. One process, 4 stages x 2 replicas and
-any number of micro-batches drop the same units.
-"""
+MindSpore draws a dropout mask inside the kernel: it would depend on how the batch was cut
+and in which order micro-batches ran, and pipe's backward would draw another. Here a mask
+is a function of the seed, the step, the layer's place in the whole model and the row in
+the global batch; the forward takes it as an input and keeps it, the backward reuses it."""
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -31,8 +25,8 @@ class MaskDraw:
     batch_size: int      # rows of the global batch
 
     def keep(self, layer, shape, keep_prob):
-        """1.0 for each unit of `shape` (this micro-batch's input to the dropout layer
-        `layer`, a tuple of ints naming it in the whole model) that is kept, 0.0 if dropped."""
+        """1.0 for each kept unit of `shape` (this micro-batch's input to dropout layer `layer`),
+        0.0 for a dropped one."""
         rng = np.random.default_rng((self.seed, self.step, *layer))
         uniform = rng.random((self.batch_size, *shape[1:]), dtype=np.float32)
         return ms.Tensor((uniform[self.rows] < keep_prob).astype(np.float32))
@@ -83,9 +77,8 @@ def backward_piece(chunk, i, grad):
 
 
 class Masks:
-    """A chunk's dropout masks: for an input of a spec it has seen (`learn`), each dropout
-    layer's mask of a draw, in layer order. `named[k]`, leaf layer k's place in the whole
-    model, names its masks."""
+    """A chunk's dropout masks, in layer order, for an input spec it has `learn`ed; `named[k]`
+    (leaf layer k's place in the whole model) names them."""
 
     def __init__(self, layers, named):
         self.layers, self.named = layers, named
@@ -93,18 +86,16 @@ class Masks:
         self.shapes = {}                 # input spec -> each layer's input shape (None: no dropout)
 
     def learn(self, x):
-        """Every layer's input shape for an input like `x`: one eager pass in eval mode
-        (nothing moves), then the layers back in training mode. Returns the masks that
-        keep every unit."""
+        """Every layer's input shape for an input like `x` (one eager pass in eval mode); returns
+        the masks that keep every unit."""
         spec = spec_of(x)
         if spec not in self.shapes:
             self.shapes[spec] = self._input_shapes(x) if self.dropouts else None
         return self.of(spec)
 
     def of(self, spec, draw=None):
-        """The dropout layers' keep masks for an input of `spec` (learned); `draw` None
-        keeps every unit. A compiled call takes them as variables (`ms.mutable`): a tuple of
-        tensors is otherwise a constant of the graph, compiled again for every new mask."""
+        """The masks for an input of `spec`, of `draw` (None: keep every unit), as variables of a
+        compiled call (`ms.mutable`), not constants compiled again for each draw."""
         shapes = self.shapes.get(spec)
         masks = tuple(ops.ones(shapes[k], ms.float32) if draw is None else
                       draw.keep(self.named[k], shapes[k], layer.dropout.keep_prob)

@@ -1,21 +1,12 @@
 """Mixed precision: float16 compute and messages, float32 master weights, a dynamic loss scale.
 
-With precision="fp16" every layer computes in float16 (`Cell.to_float`: its parameters
-stay float32, cast as the graph reads them), so activations and their gradients cross the
-stages in float16. Weight gradients come out float32 (the cast's gradient) and are summed
-over micro-batches and replicas in float32; the optimizer steps float32 weights. Batch
-norm keeps float32, as MindSpore's own mixed precision does.
-
-The logits are cast to float32 for the loss; its gradient is multiplied by the loss scale
-S while still float32, then cast to float16 for the layers' backward. `LossScaler.unscale`
-divides every gradient by S and decides, with one all-reduce over every rank, whether the
-step overflowed exactly where one process's fp16 step on the whole batch would (`Unscale`):
-then every rank skips the step and halves S; after `window` clean steps S doubles, the rule
-of MindSpore's DynamicLossScaleUpdateCell and torch's GradScaler. S starts at 2**16.
-
-TF32 (GPU only) is the user's choice, never pipe's: float32 products round their inputs
-to a 10-bit mantissa on the tensor cores; the config sets MindSpore's switch.
-"""
+With precision="fp16" every layer computes in float16 (`Cell.to_float`; batch norm keeps
+float32, as MindSpore's own mixed precision does) and activations cross stages in float16.
+Weight gradients come out float32 and are summed in float32; the optimizer steps float32
+weights. The logits are cast to float32 for the loss, whose gradient is scaled by S, then
+cast to float16. `LossScaler.unscale` divides by S and decides with one all-reduce whether
+the step overflowed where one process's would (`Unscale`): then every rank skips it and
+halves S; after `window` clean steps S doubles (DynamicLossScaleUpdateCell's rule)."""
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -29,8 +20,7 @@ NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def set_matmul_precision(config):
-    """On GPU, float32 products in TF32 exactly when `config.tf32` says so: MindSpore's
-    switch is one per process, and pipe sets it either way so that the config is what runs."""
+    """On GPU, float32 products in TF32 exactly when `config.tf32` says so (set either way)."""
     if config.device == "GPU":
         ms.device_context.gpu.op_precision.matmul_allow_tf32(config.tf32)
 
@@ -48,7 +38,7 @@ def norms(layer):
 
 
 def check_layer_precision(i, layer, precision):
-    """Refuse a layer cast to half precision by the user under precision='fp32': its loss
+    """Refuse a layer the user cast to half precision under precision='fp32': its
     gradient would reach float16 unscaled and underflow."""
     if precision == "fp16":
         return
@@ -72,8 +62,7 @@ def is_logits_layer(chunk, i):
 
 
 def forward_piece(chunk, i, piece):
-    """(A piece rule of fp16: pipe.chunk.) The model's last layer gives float32 logits, for
-    the loss."""
+    """(fp16's piece rule, pipe.chunk) The model's last layer gives float32 logits."""
     return LogitsAsFloat32(piece) if is_logits_layer(chunk, i) else piece
 
 
@@ -110,7 +99,7 @@ FLOAT16_INF = 65520.0    # the smallest magnitude float16 rounds to inf (65504 +
 
 def float16_gradients(chunk_layers, params):
     """Per parameter: whether one process's fp16 step makes its gradient as a float16
-    product (every layer's but a batch norm's, which computes in float32)."""
+    product (every layer's but a batch norm's)."""
     kept = {id(p) for layer in chunk_layers for cell in norms(layer)
             for p in cell.trainable_params()}
     return tuple(id(p) not in kept for p in params)
@@ -119,15 +108,10 @@ def float16_gradients(chunk_layers, params):
 class Unscale(nn.Cell):
     """(gradients, 1/S) -> (each x 1/S, 1.0 if the step overflowed else 0.0), one graph.
 
-    The step overflowed where one process's fp16 step on the whole batch would: a gradient
-    holds an inf or a nan, or one that process makes as a float16 product (`half[i]`) is
-    at least FLOAT16_INF x 1/S once unscaled. pipe sums micro-batches and replicas in
-    float32, so a whole-batch gradient beyond float16's range stays finite here while the
-    single process's float16 product rounds it to inf: this check turns it into the same
-    overflow, whatever the schedule, `defer_wgrad` or layout.
-
-    Inf and nan come from one sum per gradient (an inf or a nan anywhere makes the sum of
-    sums inf or nan), the range from one peak per float16 gradient."""
+        Overflowed where one process's fp16 step on the whole batch would: an inf or nan, or a
+        gradient that process makes in float16 (`half[i]`) at least FLOAT16_INF x 1/S. pipe's
+        float32 sums keep such a gradient finite where float16 rounds it to inf: this makes it
+        the same overflow, whatever the schedule, `defer_wgrad` or layout."""
 
     def __init__(self, half):
         super().__init__()
@@ -163,8 +147,8 @@ class LossScaler:
         return self.inverse_of[1]
 
     def unscale(self, wire, grads):
-        """(`grads` / S, whether the optimizer may step: no rank overflowed), with one
-        all-reduce of the overflow flag over every rank; S is updated."""
+        """(`grads` / S, whether the optimizer may step), one all-reduce of the overflow flag
+        over every rank; S is updated."""
         flag = ops.zeros(1, ms.float32)
         if grads:
             grads, flag = self.unscale_cell(ms.mutable(grads), self.inverse())

@@ -1,11 +1,8 @@
 """ReLU keeps its output, not its input: a Dense + ReLU pair holds one tensor, as in autograd.
 
-ReLU's gradient needs only its output: it passes dy where the output is > 0. As relu(y) = y
-there, the layer's own backward run at its output gives exactly the gradient at its input.
-That output is the next layer's input, kept anyway, so the ReLU keeps nothing of its own
-unless it is the chunk's last layer or a dropout (which keeps its mask) follows. Its
-backward is the one kernel autograd runs, ReluGrad at the output (pipe.private).
-"""
+ReLU's gradient needs only its output (dy where it is > 0), which is the next layer's kept
+input: the ReLU keeps nothing of its own unless it is the chunk's last layer or a dropout
+follows. Its backward is autograd's own kernel, ReluGrad at the output (pipe.private)."""
 from mindspore import nn
 
 from pipe.features.dropout import is_dropout
@@ -31,7 +28,7 @@ class KeepOutput(KeepInput):
 
 class SharesOutput(KeepOutput):
     """ReLU before a layer that keeps its input: (x, extras) -> (y, ()); its backward reads
-    the next layer's residual, y."""
+    that layer's residual."""
     residual_count = 0
 
     def construct(self, x, extras):
@@ -50,9 +47,8 @@ class OutputGrad(nn.Cell):
 
 
 def uses_output(chunk, i):
-    """Whether leaf layer i is a ReLU whose backward runs at its output. In fp16 one whose
-    input may be float32 (the chunk's input, or a batch norm's output) keeps that input
-    instead: ReluGrad at its float16 output would give a float16 gradient for it."""
+    """Whether leaf layer i is a ReLU whose backward runs at its output; not in fp16 where its
+    input may be float32 (the chunk's input, a batch norm's output)."""
     layers = chunk.layers
     if not is_relu(layers[i]):
         return False
@@ -60,9 +56,7 @@ def uses_output(chunk, i):
 
 
 def forward_piece(chunk, i, piece):
-    """An nn.ReLU as the forward runs it: keeping its output, or nothing when the next
-    layer keeps that output as its input (the residual indices then point its backward
-    there)."""
+    """An nn.ReLU keeping its output, or nothing when the next layer keeps it as its input."""
     if not uses_output(chunk, i):
         return piece
     layers = chunk.layers

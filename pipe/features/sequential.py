@@ -1,13 +1,9 @@
 """The unsplit model of layers that hand tuples on: what one process trains.
 
-`nn.SequentialCell` passes each layer's output to the next as one argument. pipe follows
-DeepSpeed: a tuple output is the next layer's positional arguments (`(hidden, keep)` into
-`construct(self, x, keep)`). `Sequential` chains layers the same way, and as pipe does, a
-layer that is a plain `nn.SequentialCell` (a transformer block written as pieces) is
-chained piece by piece (`pipe.layers.leaves`), so the model pipe splits and the model
-one process runs are the same function. Its cells and their names are nn.SequentialCell's:
-checkpoints load into either.
-"""
+As DeepSpeed does, a tuple output is the next layer's positional arguments, and a layer
+that is a plain `nn.SequentialCell` is chained piece by piece (`pipe.layers.leaves`): the
+model pipe splits and the one a process runs are the same function, with
+nn.SequentialCell's names."""
 from mindspore import nn
 
 from pipe.layers import arguments, leaves

@@ -1,10 +1,8 @@
 """Tied weights: one weight used on two stages (a tied embedding and output head).
 
-Each rank holding it keeps a copy; the copies start equal (the same seed), and their
-gradients are summed over every rank holding one before every step, so they stay equal.
-Two chunks of one rank (the V of zb-v and dualpipe-v puts the first and last layers on
-rank 0) share the one Parameter: the optimizer steps it once, from both chunks' gradients.
-"""
+Each rank holding it keeps a copy; the copies start equal (the same seed) and their
+gradients are summed over every holder before each step, so they stay equal. Two chunks
+of one rank (the V's first and last layers) share one Parameter, stepped once."""
 from pipe.features.builders import LayerBuilders
 from pipe.partition import whole_model_names
 
@@ -12,12 +10,9 @@ __all__ = ["tied_weights", "sum_copies", "fold_repeats"]
 
 
 def tied_weights(model, bounds, params, ranks_of_stage):
-    """{index in `params`: every rank holding a copy} for the weights that virtual stages
-    on several ranks use (a tied embedding and output head). Each copy starts equal (same
-    seed); summing their gradients over all copies before every step keeps them equal. They
-    are all-reduced in the order of their whole-model names, the same on every rank;
-    `ranks_of_stage(vs)` lists the ranks (one per replica) that run virtual stage vs (of a
-    model given as builders: the layers built, the tied ones among them)."""
+    """{index in `params`: every rank holding a copy} of each weight that virtual stages on
+    several ranks use, in whole-model name order (the same on every rank);
+    `ranks_of_stage(vs)` lists the ranks that run virtual stage vs."""
     users = {}
     for vs, (first, last) in enumerate(bounds):
         held = model.held(first, last) if isinstance(model, LayerBuilders) else model[first:last]
@@ -34,8 +29,8 @@ def tied_weights(model, bounds, params, ranks_of_stage):
 
 
 def fold_repeats(grads, positions, count):
-    """The chunks' gradients as one per parameter: `positions[i]`, gradient i's parameter
-    (of `count`); a weight two chunks hold gets the sum of both."""
+    """The chunks' gradients as one per parameter (`positions[i]`: gradient i's), a weight
+    two chunks hold getting the sum of both."""
     folded = [None] * count
     for grad, k in zip(grads, positions):
         folded[k] = grad if folded[k] is None else folded[k] + grad
@@ -43,8 +38,7 @@ def fold_repeats(grads, positions, count):
 
 
 def sum_copies(wire, grads, copies):
-    """`copies[k]`: the ranks of this replica that hold a copy of weight k; its gradient
-    summed over them (the replicas' sums are already in each)."""
+    """Weight k's gradient summed over `copies[k]`, this replica's ranks holding a copy."""
     grads = list(grads)
     for k, ranks in copies.items():
         grads[k] = wire.all_reduce(grads[k], ranks)

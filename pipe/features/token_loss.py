@@ -1,25 +1,13 @@
 """A loss normalized over the whole batch: `loss_fn` may return (sum, count).
 
-A token-mean loss over padded sequences is a sum over the non-padding targets divided by
-their number. Averaging each micro-batch's mean would weigh a short micro-batch like a
-long one: another model than one process trains. Given (sum, count), every micro-batch's
-backward starts from d sum / d logits x 1/(total count), the count of the whole global
-batch, so the gradients summed over micro-batches and replicas are one process's
-d(sum / count), and in fp16 they are scaled by S exactly as one process's (sum / count) x S
-would be: the same overflows, the same skipped steps. The loss reported is total sum /
-total count.
+A token mean over padded sequences is a sum over real targets / their number; averaging
+micro-batch means would weigh a short micro-batch like a long one. Given (sum, count),
+each micro-batch's backward starts from d sum / d logits x 1/(the global batch's count),
+so the summed gradients are one process's d(sum / count), fp16's scaling included.
 
-So the count must be known before the step's first backward: pipe computes it from the
-labels alone, on every rank, as `loss_fn(zeros, labels)[1]` over the whole global batch
-(`TokenCount`), on the device as the step's first work: inside the step's graph, or in
-the loop as a call of its own. The host reads it after the step, with the loss, so the
-device never waits for the host. `loss_fn`'s count must therefore depend on the labels
-only, as a count of non-padding targets does; a count that changes with the logits is
-refused before the first step (`check_count`). A batch with nothing to count, 0 / 0, is
-refused right after its step (`PipelineEngine.loss_weight` says what that step did).
-A scalar loss keeps its meaning: the mean of the micro-batch means, each weighed 1/(M x D),
-which is the batch mean when micro-batches are the same size.
-"""
+The count is computed from the labels alone, as `loss_fn(zeros, labels)[1]` over the
+global batch (`TokenCount`), on the device as the step's first work; a count that changes
+with the logits is refused before the first step (`check_count`), 0 / 0 after its step."""
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
@@ -41,12 +29,8 @@ class LossTerm(nn.Cell):
 
 
 class TokenCount(nn.Cell):
-    """(the global batch's labels, the scale S) -> (S / count, count): `loss_fn`'s count for
-    those labels, on logits that are all zero, and the loss gradient's scale it gives.
-
-    The zeros are S x 0: made from an input, they stay an operator (zeros of a constant
-    shape would be folded into a constant the logits' size when compiled), and the compiler
-    drops the sum nobody reads."""
+    """(the global batch's labels, the scale S) -> (S / count, count), the count taken on
+    zero logits made from an input (S x 0), which the compiler cannot fold into a constant."""
 
     def __init__(self, loss_fn, logits_spec):
         super().__init__(auto_prefix=False)
@@ -61,8 +45,7 @@ class TokenCount(nn.Cell):
 
 
 def loss_sum(losses):
-    """A rank's micro-batch losses summed, a scalar (zero off the last stage), in the loop
-    and in the step's graph: at M=1 the loss itself, as one process's step gives it."""
+    """A rank's micro-batch losses summed (zero off the last stage); at M=1 the loss itself."""
     if not losses:
         return ops.zeros((), ms.float32)
     return losses[0] if len(losses) == 1 else ops.stack(losses).sum()

@@ -1,19 +1,15 @@
 """Checkpoints that survive crashes, and their merge into one checkpoint of the whole model.
 
     DIR/step-000040/virtual-stage-<v>.ckpt  each virtual stage's parameters, by whole-model name
-    DIR/step-000040/optimizer-<s>.ckpt      each stage's optimizer state (what resuming needs)
+    DIR/step-000040/optimizer-<s>.ckpt      each stage's optimizer state
     DIR/step-000040/model.ckpt              the stages merged: loads into the unsplit model
-    DIR/step-000040/meta.json               step, schedule, topology, seed, data position, and
-                                            the SHA-256 of every file above
-    DIR/latest                              names the newest complete step directory
-    DIR/model.ckpt                          a copy of the newest merged model
+    DIR/step-000040/meta.json               step, layout, the caller's meta, every file's SHA-256
+    DIR/latest, DIR/model.ckpt              the newest complete step, and its merged model
 
-Every file is written under a temporary name and renamed into place, meta.json last and
-then `latest`: a crash at any moment leaves the previous checkpoint whole, and a truncated
-or altered file is refused, by its SHA-256, before anything is loaded.
+Each file is written under a temporary name and renamed, meta.json last, then `latest`: a
+crash leaves the previous checkpoint whole, and an altered file is refused by its hash.
 
-    python -m pipe.ops.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt
-"""
+    python -m pipe.ops.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt"""
 import argparse
 import glob
 import hashlib
@@ -72,7 +68,7 @@ def save_params(path, named):
 
 def save_rank(where, layout, optimizer):
     """This rank's files: each chunk's parameters and buffers, and its optimizer state
-    (written by replica 0 only: the replicas hold the same)."""
+    (replica 0 only: the replicas hold the same)."""
     if layout.replica:
         return
     for vs, chunk, names in zip(layout.virtual_stages_held, layout.chunks, layout.names):
@@ -82,8 +78,8 @@ def save_rank(where, layout, optimizer):
 
 
 def load_params(params, saved, source, fix):
-    """Set each of `params` ({whole-model name: Parameter}) from `saved` ({name: tensor},
-    from `source`); a name missing there, or another shape, is refused with `fix`."""
+    """Set each of `params` ({whole-model name: Parameter}) from `saved`; a missing name or
+    another shape is refused with `fix`."""
     for name, p in params.items():
         if name not in saved or tuple(saved[name].shape) != tuple(p.shape):
             found = f"shape {tuple(saved[name].shape)}" if name in saved else "nothing"
@@ -94,10 +90,8 @@ def load_params(params, saved, source, fix):
 
 def load_rank(where, params, optimizer):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
-    parameters and buffers (`params`, by whole-model name) come from the merged model, the optimizer
-    state (moments named after their parameters) from every stage's optimizer file. So a
-    run saved on 2 stages resumes on 3 stages x 2 replicas, or with another schedule or
-    split; only another model is refused."""
+    parameters from the merged model, the optimizer state (named after its parameters) from
+    every stage's file."""
     load_params(params, ms.load_checkpoint(os.path.join(where, "model.ckpt")),
                 f"checkpoint {where!r}",
                 "resume with the model that saved it, or start without resuming")
@@ -134,8 +128,8 @@ def merge(directory):
 
 
 def finish(directory, step, meta, keep=2):
-    """Rank 0, once every rank has written its files for `step`: merge, seal with
-    meta.json, point `latest` at it, and drop all but the newest `keep` step directories."""
+    """Rank 0, once every rank wrote its files: merge, seal with meta.json, point `latest` at
+    it, and keep only the newest `keep` step directories."""
     where = step_dir(directory, step)
     shutil.copyfile(merge(where), os.path.join(directory, ".model.ckpt.tmp"))
     files = {name: _sha256(os.path.join(where, name)) for name in sorted(os.listdir(where))

@@ -1,5 +1,5 @@
 """What every command-line program of pipe answers to a bad value: one line that names the
-value and the fix, and exit code 2. (argparse prints its whole usage first.)"""
+value and the fix, and exit code 2."""
 import argparse
 import os
 import shutil
@@ -31,8 +31,8 @@ def launch_rank():
 
 
 def report(error):
-    """A refused value in one line, the config fields it names shown as flags; a mistake
-    raised alike on every rank (pipe.ops.watchdog.alike_on_every_rank) said once, by rank 0."""
+    """A refused value in one line, config fields shown as flags; a mistake raised alike on
+    every rank said once, by rank 0."""
     if not is_alike(error) or launch_rank() == 0:
         print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
 
@@ -56,8 +56,8 @@ def existing_file(text):
 
 
 def add_layout_flags(parser, batch_size):
-    """The flags of a run's layout, as every example names them: --stages, --data-parallel,
-    --micro-batches, --batch-size (the global mini-batch) and --schedule."""
+    """--stages, --data-parallel, --micro-batches, --batch-size (the global mini-batch),
+    --schedule."""
     parser.add_argument("--stages", type=positive_int, default=1, help="pipeline stages P")
     parser.add_argument("--data-parallel", type=positive_int, default=1,
                         help="data-parallel replicas D")
@@ -69,8 +69,7 @@ def add_layout_flags(parser, batch_size):
 
 
 def add_precision_flag(parser):
-    """--precision: fp16 computes in float16 on float32 weights with a loss scale
-    (pipe.features.precision). --tf32: float32 products in TF32 on GPU."""
+    """--precision fp32 or fp16 (pipe.features.precision); --tf32 on GPU."""
     parser.add_argument("--precision", type=precision, choices=["fp32", "fp16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
     parser.add_argument("--tf32", action="store_true",
@@ -91,8 +90,7 @@ def precision_name(args):
 
 
 def add_speed_flags(parser):
-    """--defer-wgrad and --one-graph, each with its --no- form; without either, pipe chooses
-    (pipe.fast.defaults) and says what at the first step."""
+    """--defer-wgrad and --one-graph, with their --no- forms; without, pipe chooses."""
     parser.add_argument("--defer-wgrad", action=argparse.BooleanOptionalAction, default=None,
                         help="weight gradients once per step over all micro-batches (default: "
                              "pipe chooses)")
@@ -108,20 +106,17 @@ def add_memory_plan_flag(parser):
 
 
 def config_from(args, **settings):
-    """The PipelineConfig of a program's parsed `args`: every flag named after a config
-    field sets that field (so no flag a program accepts can miss its config), and
-    `settings` the fields a program decides itself (the device it found for `auto`)."""
+    """The PipelineConfig of parsed `args`: each flag named after a config field sets it;
+    `settings` are what the program decides itself."""
     names = {f.name for f in fields(PipelineConfig)}
     given = {name: value for name, value in vars(args).items() if name in names}
     return PipelineConfig(**{**given, **settings})
 
 
 def use_device(name, memory_plan=True):
-    """The device a program runs on, set as MindSpore's and returned: `name`, or for "auto" a
-    GPU where nvidia-smi is on the PATH, else the CPU. One this MindSpore cannot run on (its
-    plugin did not load: no GPU, no CUDA, a CPU-only wheel) is told in one line, exit code 2;
-    `ms.set_device` would end in MindSpore's C++ call stack. On a GPU, with `memory_plan`,
-    MindSpore plans each graph's memory (plan_memory)."""
+    """The device a program runs on, set as MindSpore's and returned ("auto": a GPU where
+    nvidia-smi is found, else the CPU); one MindSpore cannot run on is told in one line, exit
+    code 2. On a GPU, with `memory_plan`, each graph's memory is planned (plan_memory)."""
     import mindspore as ms
     device = name if name != "auto" else ("GPU" if shutil.which("nvidia-smi") else "CPU")
     if device != "CPU" and not getattr(ms.device_context, device.lower()).is_available():
@@ -135,11 +130,9 @@ def use_device(name, memory_plan=True):
 
 
 def plan_memory():
-    """Every graph's device memory planned when it compiles (MindSpore's SOMAS,
-    `ms.runtime.set_memory(optimize_level="O1")`) instead of taken from the pool and given
-    back kernel by kernel: a step bound by launching kernels gains, at a larger fp16 peak
-    (docs/performance.md); the weights are the same to the bit. The setting is one per
-    process and MindSpore takes it once: a later call changes nothing."""
+    """Plan every graph's device memory when it compiles (MindSpore's SOMAS, optimize_level
+    "O1"): faster where launches bound the step, same weights (docs/performance.md). Once per
+    process."""
     import mindspore as ms
     try:
         ms.runtime.set_memory(optimize_level="O1")
@@ -149,8 +142,7 @@ def plan_memory():
 
 
 def run(main):
-    """Run a program's `main()`: a value the library refuses (ValueError, TypeError) is
-    told in one line, with the config fields it names shown as the program's flags."""
+    """Run a program's `main()`, a value the library refuses told in one line."""
     try:
         main()
     except (ValueError, TypeError) as e:

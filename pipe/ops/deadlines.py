@@ -1,13 +1,9 @@
 """Waits that end: a deadline on every CPU wait, and a failing rank that tells the others.
 
-pipe.wire's `MpiWire` blocks in each wait. `DeadlineWire` polls instead: a wait with no progress
-for `timeout` seconds raises `WireTimeout`, and a rank that fails first sends every other
-rank a short notice (`abort`), on a tag of its own that every wait also polls for, so a
-peer waiting on it stops at once with a line naming it (`PeerFailed`) instead of waiting
-out its deadline. NCCL/HCCL waits cannot time out: there the watchdog (pipe.ops.watchdog)
-keeps the deadline, and msrun ends the other workers when one exits with an error
-(pipe.ops.watchdog.end_job).
-"""
+`DeadlineWire` polls each wait: no progress for `timeout` seconds raises `WireTimeout`, and
+a rank that fails sends every other a notice (`abort`) that every wait polls for, so a
+peer stops at once (`PeerFailed`). NCCL/HCCL waits cannot time out: there the watchdog
+keeps the deadline (pipe.ops.watchdog)."""
 import sys
 import time
 
@@ -28,8 +24,7 @@ class DeadlineWire(MpiWire):
         self.timeout = timeout
 
     def wait(self, request, what):
-        """Poll until done. The pause doubles up to 1 ms: a quick message is taken at once,
-        and a long wait (a peer compiling) leaves the CPU to the processes doing work."""
+        """Poll until done, the pause doubling up to 1 ms (a long wait leaves the CPU to others)."""
         deadline, pause = time.monotonic() + self.timeout, 20e-6
         while not request.Test():
             status = self.MPI.Status()
@@ -45,9 +40,8 @@ class DeadlineWire(MpiWire):
             pause = min(2 * pause, 1e-3)
 
     def abort(self, code, reason="", grace=2.0):
-        """End every process of the job (a normal exit would wait for stuck peers): first
-        a notice of `reason` to every rank, then a moment in which peers can say where they
-        were."""
+        """End every process of the job: a notice of `reason` to every rank, a moment for
+        peers to say where they were, then MPI's Abort."""
         self.notices = [self.world.isend(reason or "it ended", dest=peer, tag=self.NOTICE)
                         for peer in range(self.size) if peer != self.rank]   # kept until Abort
         sys.stderr.flush()
@@ -56,8 +50,7 @@ class DeadlineWire(MpiWire):
 
 
 def connect(device, timeout):
-    """The wire for this process: on CPU, mpi4py with deadlines (one process without
-    `mpiexec`); on GPU/Ascend, MindSpore's in a job `msrun` started (it sets MS_WORKER_NUM)."""
+    """This process's wire: mpi4py with deadlines on CPU; MindSpore's under `msrun`."""
     if device != "CPU":
         return launched_wire(device)
     wire = DeadlineWire(timeout)

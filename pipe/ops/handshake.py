@@ -1,15 +1,10 @@
 """Before the first step, every stage's forward is checked on what will reach it.
 
 `connect_stages` passes each boundary's (shape, dtype) from stage to stage and runs each
-forward on it, under `StageCheck.probe`: any
-exception is kept rather than raised, and a training forward runs twice and must give the
-same result (a layer that draws its own random numbers would draw others when pipe's
-backward runs it again). Then one all-reduce (`StageCheck.agree`) tells every rank of
-every failure, before any real message. What is wrong with a boundary (a shape, a dtype)
-reaches every rank in full; the model's own error (a layer's exception, the loss's, a
-compile failure, a random layer) is told in full by the rank where it happened, with the
-layer, and the others say where to look.
-"""
+forward on it (`probe`: twice, which must agree, or a layer draws its own random numbers
+that pipe's backward would draw again). One all-reduce (`StageCheck.agree`) then tells
+every rank of every failure before any real message: a boundary's problem in full on every
+rank, the model's own error in full where it happened and as a pointer elsewhere."""
 import glob
 import os
 import time
@@ -44,9 +39,8 @@ class RandomLayer(TypeError):
 
 
 class Failure(NamedTuple):
-    """What went wrong on this rank's stage: `kind` (one of KINDS), `expected` (a number
-    every rank can word: a dtype's index, a feature count), `text` (the model's own error,
-    told by this rank alone) and the exception behind it."""
+    """What went wrong on this rank's stage: `kind` (of KINDS), `expected` (a number every
+    rank can word), `text` (the model's own error, told by this rank alone), the exception."""
     vs: int
     spec: tuple
     kind: str
@@ -56,10 +50,9 @@ class Failure(NamedTuple):
 
 
 def connect_stages(schedule, stage, wire, ranks, first_input, probe):
-    """Agree on what crosses each boundary: in virtual-stage order, a stage learns its
-    input's spec (the batch's, or a header from the stage before), runs its forward on it
-    (`probe(chunk, vs, spec)`: the output's spec, or None after a failure) and tells the
-    next stage. Returns this rank's messages (`ranks`: its pipeline's, by stage)."""
+    """Agree on what crosses each boundary: in virtual-stage order a stage learns its input's
+    spec (the batch's, or a header from the stage before), `probe`s its forward on it, and
+    tells the next stage. Returns this rank's messages."""
     specs = {}
     for c in range(schedule.chunks_per_stage):
         vs = schedule.virtual_stage(stage, c)
@@ -77,13 +70,9 @@ def connect_stages(schedule, stage, wire, ranks, first_input, probe):
 
 # ---- one chunk's forward, run before the first step -----------------------------------
 def probe(chunk, x, labels, training=True, runs=2):
-    """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing and
-    leaving the buffers as they were; returns the spec of its output (on the model's last
-    chunk, the logits'), and whether its loss is a (sum, count) pair (pipe.features.token_loss),
-    whose count must then depend on the labels alone (`check_count`).
-    A training forward runs `runs` times, twice before the first step: if they differ,
-    `RandomLayer` names the layer; a later shape (the layers are the same) runs once, so a
-    new shape costs its compile. (`predict` probes in eval mode, with no loss.)"""
+    """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing; returns
+    its output's spec (the logits' on the last chunk) and whether the loss is (sum, count).
+    A training forward runs `runs` times: if they differ, `RandomLayer` names the layer."""
     chunk.set_mode(training)
     if not training:
         return spec_of(chunk.infer(x)), False
@@ -118,17 +107,16 @@ def _random_layer(chunk, x):
 
 
 def describe_layer(chunk, k):
-    """Leaf layer k as a user knows it: its index in the whole model (and its place within
-    that layer, when pipe split a nested SequentialCell), and its class."""
+    """Leaf layer k as the user knows it: its index in the whole model (with its place in
+    a nested SequentialCell pipe split) and its class."""
     i, j = chunk.named[k]
     part = f".{j}" if sum(1 for n in chunk.named if n[0] == i) > 1 else ""
     return f"layer {i}{part} ({type(chunk.layers[k]).__name__})"
 
 
 def locate_failure(chunk, x, labels):
-    """Where the training forward fails on `x` when run eagerly, piece by piece:
-    (k, what, its exception) for leaf layer k, or k = len(layers) for the loss; None
-    when every piece runs alone (the failure is in compiling them together)."""
+    """Where the training forward fails on `x`, run eagerly piece by piece: (k, what, its
+    exception), k = len(layers) for the loss; None if every piece runs alone."""
     chunk.set_mode(True)
     with buffers_kept(chunk):
         for k, layer in enumerate(chunk.layers):
@@ -156,22 +144,21 @@ def _spec(x):
 
 
 def _flat(out):
-    """The tensors of a forward's output, nested tuples flattened."""
     if isinstance(out, (tuple, list)):
         return [t for part in out for t in _flat(part)]
     return [out]
 
 
 def _same(one, other):
-    """Whether two runs' outputs are equal, bit for bit (NaN equal to NaN)."""
+    """Whether two runs' outputs are equal bit for bit (NaN equal to NaN)."""
     return all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
                for a, b in zip(_flat(one), _flat(other)))
 
 
 # ---- what went wrong, in words ---------------------------------------------------------
 def _first_weight(chunk):
-    """The first leaf layer with weights, by index, and its first weight: what sets the
-    dtype (and, for an nn.Dense first, the features) the stage takes."""
+    """(index, first weight) of the first leaf layer with weights: what sets the dtype the
+    stage takes."""
     for k, layer in enumerate(chunk.layers):
         for p in layer.trainable_params():
             return k, p
@@ -184,9 +171,8 @@ def is_half(chunk):
 
 
 def check_input(spec, carried):
-    """Whether the wire can bring a stage its input of (shape, dtype) `spec`: ("wire",
-    index of the first element it cannot carry) if not, else None. `carried`: the dtypes
-    the wire carries (None for the input batch, which does not travel)."""
+    """("wire", element index) when the wire cannot carry an element of `spec`, else None
+    (`carried` None: the input batch, which does not travel)."""
     for k, (_, dtype) in enumerate(elements(spec)):
         if carried is not None and carrier(dtype) not in carried:
             return "wire", k
@@ -195,8 +181,7 @@ def check_input(spec, carried):
 
 def check_dtype(chunk, spec):
     """("dtype", the first weights' dtype index) when the chunk's first layer has weights of
-    another float dtype than its input: found before running it, whose failed compile would
-    print pages first; else None."""
+    another float dtype than its input, found before a failed compile prints pages."""
     if isinstance(spec, Parts) or is_half(chunk):
         return None
     first, weight = _first_weight(chunk)
@@ -206,9 +191,9 @@ def check_dtype(chunk, spec):
 
 
 def explain(chunk, spec, labels, error):
-    """(kind, expected, what) for the `error` that a stage's forward raised on an input of
-    `spec`: the boundary's dtype or shape when the stage's first layer with weights cannot
-    take the input; else the model's own error, with the piece that raised it."""
+    """(kind, expected, what) for the `error` a stage's forward raised on `spec`: the
+    boundary's dtype or shape when its first weighted layer cannot take the input, else the
+    model's own error with the piece that raised it."""
     if isinstance(error, RandomLayer):
         return "model", 0, str(error)
     found = locate_failure(chunk, example(spec), labels)
@@ -229,15 +214,14 @@ def explain(chunk, spec, labels, error):
 
 
 def _words(spec):
-    """A spec as a user reads it: `shape (4, 8) Float32`, or a tuple of those."""
+    """A spec in words: `shape (4, 8) Float32`, or a tuple of those."""
     if isinstance(spec, Parts):
         return "a tuple (" + ", ".join(map(_words, spec)) + ")"
     return f"shape {spec[0]} {spec[1]}"
 
 
 def _compile_report(since):
-    """MindSpore's report of a failed compile (analyze_fail.ir), if one was written since
-    `since` (pipe.engine points MindSpore's dumps away from the working directory)."""
+    """MindSpore's report of a failed compile written since `since`, if any."""
     where = os.environ.get("MS_OM_PATH", ".")
     found = [p for p in glob.glob(os.path.join(where, "rank_*", "om", "analyze_fail.ir"))
              if os.path.getmtime(p) >= since]
@@ -245,19 +229,19 @@ def _compile_report(since):
 
 
 def _stage(vs, bounds, stages):
-    """Virtual stage vs as the user knows it: "stage 2" when each stage runs one slice of
-    the layers, else "virtual stage 2" (interleaved 1F1B, ZB-V, DualPipeV)."""
+    """"stage 2", or "virtual stage 2" when a stage holds several chunks."""
     return f"stage {vs}" if len(bounds) == stages else f"virtual stage {vs}"
 
 
 def _coming(vs, bounds, stages):
+    """What reaches virtual stage vs, in words."""
     first = bounds[vs][0]
     return ("the input batch" if vs == 0 else f"{_stage(vs - 1, bounds, stages)}'s output "
             f"(the boundary between layers {first - 1} and {first})")
 
 
 def failure_text(vs, kind, expected, spec, bounds, stages, carried):
-    """A boundary's problem, in words every rank can give (from the all-reduced numbers)."""
+    """A boundary's problem in words every rank can give (from the all-reduced numbers)."""
     first, coming, stage = bounds[vs][0], _coming(vs, bounds, stages), _stage(vs, bounds, stages)
     if kind == "wire":
         dtype = elements(spec)[expected][1]
@@ -277,9 +261,8 @@ def failure_text(vs, kind, expected, spec, bounds, stages, carried):
 
 # ---- the check, on every rank ------------------------------------------------------------
 class StageCheck:
-    """`connect_stages`' probe, keeping this rank's first failure, and `agree`, which
-    fails every rank if any failed. `bounds[vs]`: the layers of every virtual stage, over
-    `stages` stages."""
+    """`connect_stages`' probe, keeping this rank's first failure, and `agree`, which fails
+    every rank if any failed. `bounds[vs]`: the layers of each virtual stage."""
 
     def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2):
         self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
@@ -287,8 +270,7 @@ class StageCheck:
         self.failure, self.counted = None, False    # counted: the loss is (sum, count)
 
     def probe(self, c, vs, spec):
-        """The output spec of chunk c (virtual stage vs) on an input of `spec`, or None
-        when it (or an earlier chunk of this rank) failed."""
+        """Chunk c's output spec on an input of `spec`, or None after a failure here."""
         if self.failure is not None:
             return None
         problem = (check_input(spec, self.carried if vs else None)
@@ -313,10 +295,8 @@ class StageCheck:
             return None
 
     def agree(self, wire, specs, last_stage_rank):
-        """One all-reduce of every rank's failure (stage, what went wrong, what it expects,
-        what it got), and the model's output spec and whether its loss is (sum, count),
-        which `last_stage_rank` adds (rows are summed: each rank fills only its own).
-        Returns (output spec, counted)."""
+        """One all-reduce of every rank's failure and of the model's output spec and
+        whether its loss is (sum, count) (from `last_stage_rank`); returns those two."""
         rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
         failure = self.failure
         if failure is not None:                     # +1: -1 pads sum to 0
@@ -330,8 +310,8 @@ class StageCheck:
         return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0])
 
     def _raise_failures(self, rows):
-        """A boundary's problem is told in full everywhere; the model's own error in full
-        where it happened, and elsewhere as a line naming that rank."""
+        """A boundary's problem told in full everywhere; the model's own error in full
+        where it happened, elsewhere as a line naming that rank."""
         failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1), rank)
                          for rank, r in enumerate(rows) if r[0]})
         if not failed:
@@ -351,9 +331,8 @@ class StageCheck:
 
 
 def agreed(wire, work, what="while building its stages"):
-    """`work()` on every rank, and its result; if it raises on any rank, it fails on
-    every rank before any of them waits on another: the rank where it happened raises its
-    own error, the others a line that names that rank and `what` it was doing."""
+    """`work()` on every rank, and its result; if it raises anywhere it fails everywhere before
+    any rank waits on another: there with its own error, elsewhere with a line naming the rank."""
     try:
         result, error = work(), None
     except Exception as e:               # any exception: a peer must not wait for this rank

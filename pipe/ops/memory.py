@@ -11,10 +11,9 @@ def _tensors(entry):
 
 
 class Memory:
-    """Bytes held now and at most, over a rank's stores of what waits for a backward piece.
-
-    Reading a just-made tensor's shape waits for the operator that makes it, so an entry's
-    bytes are read once per batch shapes, store and key (`sizes`)."""
+    """Bytes held now and at most over a rank's stores of what waits for a backward piece;
+    an entry's bytes are read once per batch shapes, store and key (reading a new tensor's
+    shape waits for it)."""
 
     def __init__(self):
         self.held = self.peak = 0
@@ -26,8 +25,8 @@ class Memory:
 
 
 class Held(dict):
-    """A step's store of entries in flight by key, adding their bytes to `memory`; an entry
-    set to None (taken: pipe.actions.take) gives its bytes back."""
+    """A step's store of entries by key, counting their bytes; an entry taken (set to None)
+    gives them back."""
 
     def __init__(self, memory, name):
         super().__init__()

@@ -31,9 +31,8 @@ def split_for_predict(config, inputs):
 
 
 def predict(engine, inputs, broadcast):
-    """The model's outputs on `inputs` as numpy: on every rank, or (`broadcast` off) only on
-    the last stage (None elsewhere), like MindSpore's pipeline_result_broadcast. The
-    forward-only list runs through the training step's handlers (pipe.actions, `infer`)."""
+    """The model's outputs on `inputs` as numpy, on every rank or (`broadcast` off) on the
+    last stage alone; the forward-only list runs through the training step's handlers."""
     batch = split_for_predict(engine.config, inputs)
     schedule = engine.layout.forward_only
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode

@@ -1,10 +1,8 @@
-"""Replaying a schedule with blocking send/receive semantics, without any device.
+"""Replaying a schedule on a virtual clock, without any device.
 
-Every stage walks its action list. A compute action takes its cost in time; a send and its
-receive complete together, only once both stages have reached them (the strictest,
-synchronous semantics: NCCL-like, and MPI's Ssend). If no stage can move, the schedule
-would hang on real hardware: `Deadlock` names every stage and what it waits for.
-"""
+A compute action takes its cost in time; a send and its receive complete together once
+both stages reach them (NCCL's and MPI Ssend's semantics). If no stage can move, the
+schedule would hang on real hardware: `Deadlock` names every stage and what it waits for."""
 from dataclasses import dataclass
 
 from pipe.schedule import lower, message_key
@@ -46,14 +44,9 @@ class Timeline:
 
 
 def simulate(schedule, costs=None, eager_sends=False):
-    """Run a lowered schedule on a virtual clock. `costs` maps F/B/W to durations (default
-    1) per micro-batch: a W deferred to the flush takes M of them.
-
-    With blocking sends (the default) a send waits for its receive: this is the check that
-    the schedule cannot hang. With `eager_sends` a send returns at once and its receiver
-    takes the message whenever it gets there, in order per pair of stages (what NCCL's
-    queued sends and MPI's buffered ones give): this is the timing to expect.
-    """
+    """Run a lowered schedule on a virtual clock, `costs` per micro-batch (default 1; a W
+    deferred to the flush takes M). Blocking sends (the default) check that it cannot hang;
+    `eager_sends` (a send returns at once, its receiver takes it in order) give the timing."""
     costs = {"F": 1.0, "B": 1.0, "I": 1.0, "W": 1.0, **(costs or {})}
     acts = schedule.actions
     stages = len(acts)
@@ -110,9 +103,8 @@ def simulate(schedule, costs=None, eager_sends=False):
 
 
 def _check_local_input(schedule, position, stage, action, finished):
-    """In a V (ZB-V, DualPipeV) the last stage holds two neighbouring virtual stages: the
-    tensor between them is handed over on the stage, so its list must compute the producer
-    first."""
+    """In a V the last stage hands a tensor between its two chunks itself: its list
+    must compute the producer first."""
     vs = schedule.virtual_stage(stage, action.chunk)
     step = {"F": -1, "B": 1, "I": 1}.get(action.kind)
     source = vs + step if step else None
@@ -131,8 +123,7 @@ def _mismatch(schedule, position, stage, action, other_key):
 
 
 def format_table(schedule, timeline=None):
-    """The step x stage grid of compute actions ('.' = idle, the bubble), one unit per step
-    when every action costs 1 (the default timeline)."""
+    """The step x stage grid of compute actions ('.' = idle, the bubble)."""
     timeline = timeline or simulate(schedule, eager_sends=True)
     steps = int(round(timeline.makespan))
     grid = [["."] * len(timeline.spans) for _ in range(steps)]
@@ -163,8 +154,7 @@ def checked_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgra
 
 
 def _compute_spans(trace_path):
-    """The F, B, I and W spans of a recorded trace (pipe.ops.trace), each {"name", "pid",
-    "ts", "dur"}."""
+    """The F, B, I and W spans of a recorded trace (pipe.ops.trace)."""
     import json
     import re
     with open(trace_path) as f:
@@ -174,10 +164,8 @@ def _compute_spans(trace_path):
 
 
 def measured_costs(trace_path):
-    """(F, I, W) median durations per micro-batch from a recorded trace (pipe.ops.trace): a W
-    deferred to the flush (`W*`) counts for every micro-batch, as many as there are
-    forwards of one chunk. Without I and W actions in the trace, W is 0 and the whole
-    backward (B) stands for I."""
+    """(F, I, W) median durations per micro-batch in a recorded trace (a `W*` counts for
+    every micro-batch; without I and W, B stands for I and W is 0)."""
     import statistics
     spans = _compute_spans(trace_path)
     micro_batches = len({e["name"].split(":")[0] for e in spans if e["name"][0] == "F"})
@@ -190,8 +178,7 @@ def measured_costs(trace_path):
 
 
 def measured_bubble(trace_path):
-    """The recorded step's bubble: the fraction of stage-time, from the first compute to the
-    last, that no F, B, I or W ran (what `Timeline.bubble` predicts)."""
+    """The recorded step's bubble: the fraction of stage-time no F, B, I or W ran."""
     spans = _compute_spans(trace_path)
     start = min(e["ts"] for e in spans)
     end = max(e["ts"] + e["dur"] for e in spans)

@@ -1,16 +1,11 @@
 """An opt-in timeline of what each rank did, as Chrome trace JSON (Perfetto, chrome://tracing).
 
     engine.tracer = Tracer(rank, "rank 0: stage 0", device)   # before the steps to record
-    ...
-    engine.tracer.write(f"trace.json.rank{rank}")   # every rank, then (after a barrier)
+    engine.tracer.write(f"trace.json.rank{rank}")             # every rank, after them
     merge_traces([f"trace.json.rank{r}" for r in range(world)], "trace.json")   # rank 0
 
-Each span waits for the device to finish before it is stamped, so the times are real (and a
-traced step runs slightly slower than an untraced one). MindSpore has no such wait on CPU:
-there, run PyNative synchronously (`ms.set_context(pynative_synchronize=True)`) to trace.
-With `wait_for_device=False` a span is what the host spent issuing the action instead:
-the overhead that bounds a small model's step (see `host_costs`).
-"""
+Each span waits for the device before it is stamped (on CPU run PyNative synchronously);
+with `wait_for_device=False` a span is the host's time issuing the action."""
 import json
 import os
 import statistics

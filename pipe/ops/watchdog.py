@@ -1,18 +1,11 @@
 """Where this rank is in its step, said when something fails or stalls there.
 
-Every piece of a step that may wait on peers runs inside `Watch.at(position)`: an error
-in it becomes a `PipelineError` naming the rank, its stage and replica, and the action in
-its schedule (`abort()` then ends the job, since peers may be waiting on this rank). An
-error nobody catches ends the job too (`end_job_on_uncaught`), whatever its type.
-
-Wires that cannot time out by themselves (NCCL/HCCL sends and receives) also get a
-`Watchdog`: the watch announces each step with `begin(kind)`, arms it with
-`progress(where)` as each action starts and `pause(kind)`s it between steps, so only
-pipe's own work is timed: not the user's code, nor the first step of each kind (a
-schedule), which compiles. If no progress comes for `timeout` seconds while armed, it
-prints where this rank is stuck and ends the process: a dead peer becomes a prompt,
-explained failure instead of a hang inside a receive.
-"""
+Every piece of a step that may wait on peers runs inside `Watch.at(position)`: an error in
+it becomes a `PipelineError` naming the rank, stage, replica and action, and an uncaught
+error ends the whole job (`end_job_on_uncaught`). Wires that cannot time out themselves
+(NCCL/HCCL) also get a `Watchdog`, armed while pipe's own work runs (not the user's code,
+nor a schedule's first step, which compiles): with no progress for `timeout` seconds it
+prints where this rank is stuck and ends the process."""
 import os
 import sys
 import threading
@@ -30,8 +23,7 @@ PEER_GRACE = 30.0    # seconds a rank told of a peer's failure waits for that pe
 
 
 class PeerFailed(RuntimeError):
-    """Another rank failed, and this one stops rather than wait for it: that rank's error
-    says why (this one's message is one line pointing there)."""
+    """Another rank failed and this one stops rather than wait: that rank's error says why."""
 
 
 class WireTimeout(RuntimeError):
@@ -40,8 +32,8 @@ class WireTimeout(RuntimeError):
 
 @contextmanager
 def alike_on_every_rank():
-    """A mistake raised in this block is raised alike on every rank (the config, the
-    launch's size, the whole model): marked so that a program says it once, on rank 0."""
+    """Mark a mistake raised in this block as raised alike on every rank (the config, the
+    launch's size, the whole model), so that a program says it once, on rank 0."""
     try:
         yield
     except (ValueError, TypeError) as error:
@@ -60,16 +52,13 @@ def is_alike(error):
 
 
 def has_deadlines(wire):
-    """Whether the wire's own waits end: one process, or a wire that polls against a
-    deadline and can tell its peers (pipe.ops.deadlines.DeadlineWire, which has `abort`)."""
+    """Whether the wire's own waits end: one process, or a DeadlineWire (which has `abort`)."""
     return wire.size == 1 or hasattr(wire, "abort")
 
 
 def end_job(wire, code, reason="", grace=2.0):
-    """End every process of the job: through the wire's notices where it has them (CPU:
-    after `grace` seconds in which peers can say where they were); on GPU/Ascend by exiting
-    at once (msrun ends every other worker within a second of one exiting with an error);
-    one process simply exits."""
+    """End every process of the job: through the wire's notices on CPU (after `grace`
+    seconds for peers to say where they were); on GPU/Ascend by exiting (msrun ends the rest)."""
     if hasattr(wire, "abort"):
         wire.abort(code, reason, grace)
     if wire.size == 1:
@@ -78,8 +67,7 @@ def end_job(wire, code, reason="", grace=2.0):
 
 
 def first_line(error):
-    """An error in one line, as a failure notice to the peers carries it: the cause of a
-    PipelineError (which only adds where this rank was)."""
+    """An error in one line, as a failure notice carries it (a PipelineError's cause)."""
     if isinstance(error, PipelineError) and error.__cause__ is not None:
         error = error.__cause__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -87,11 +75,8 @@ def first_line(error):
 
 
 def end_job_on_uncaught(wire):
-    """Make an exception that no one catches end the whole job, not only this process:
-    its peers would otherwise wait on this rank until their deadlines (`python -m mpi4py`
-    does the same). It is printed as usual (a peer's failure as its one line), then the
-    wire tells every rank and ends the job (`abort`). (Installed once: a later engine's
-    wire replaces an earlier one's.)"""
+    """Make an exception no one catches end the whole job, not only this process (as
+    `python -m mpi4py` does): printed as usual, then every rank is told and the job ends."""
     previous = getattr(sys.excepthook, "previous", sys.excepthook)
 
     def hook(kind, error, trace):
@@ -110,7 +95,7 @@ def end_job_on_uncaught(wire):
 
 class PipelineError(RuntimeError):
     """An action failed on this rank (or a peer stopped answering); says where.
-    `abort()` ends every process of the job: peers may be stuck waiting for this one."""
+    `abort()` ends every process of the job: peers may be waiting for this one."""
 
     def __init__(self, message, wire):
         super().__init__(message)
@@ -121,8 +106,7 @@ class PipelineError(RuntimeError):
 
 
 class Watch:
-    """This rank's position in its step. A position is text ("a barrier") or
-    (schedule, index of the action in this rank's list)."""
+    """This rank's position in its step: text ("a barrier") or (schedule, action index)."""
 
     def __init__(self, wire, stage, replica, timeout):
         self.wire, self.stage = wire, stage
