@@ -1,11 +1,8 @@
 """Every named schedule: GPipe and 1F1B (pipe.schedule), interleaved, zero bubble and V shapes.
 
 A schedule that splits the backward runs I (the input gradient, which the previous stage
-waits for) and W (the weight gradient, which nobody waits for) where others run B (both);
-`with_deferred_wgrad` moves every W to the flush, over all micro-batches at once (`W*`).
-Each generator gives compute actions per stage; `pipe.schedule.lower` adds the
-messages and `pipe.ops.simulator` checks and times the result (`python -m pipe` prints one).
-"""
+waits for) and W (the weight gradient, which nobody waits for) where others run B;
+`with_deferred_wgrad` moves every W to the flush (`W*`). `python -m pipe` prints any of them."""
 from dataclasses import dataclass, replace
 
 from pipe.schedule import Action, Schedule, gpipe, one_f_one_b
@@ -20,8 +17,7 @@ EVERY = -1           # the micro-batch of a W deferred to the flush: all of the 
 @dataclass
 class VSchedule(Schedule):
     """Two chunks per stage in a V (ZB-V, DualPipeV): stage s holds virtual stages s and
-    2P-1-s, so the last stage holds the two middle ones and hands the activation from one
-    to the other itself, and stage 0 both starts a micro-batch and computes its loss."""
+    2P-1-s, so the last stage hands the activation between its two chunks itself."""
 
     def stage_of(self, virtual_stage):
         if virtual_stage >= self.stages:
@@ -48,17 +44,13 @@ def defers_wgrad(schedule):
 
 
 def interleaved_1f1b(stages, micro_batches, chunks_per_stage=2):
-    """Interleaved 1F1B (Narayanan et al., 2021): each stage holds `chunks_per_stage` chunks that
-    are not adjacent (stage s: virtual stages s, s+P, ...). Micro-batches go through the
-    chunks in groups of P, so a stage can start chunk 1 of the first micro-batches while the
-    later stages still work on chunk 0. Warm-up is longer, 2(P-r-1) + (v-1)P forwards (at
-    most all vM, and also when M = P: later stages then hold less, as in today's Megatron and
-    torch); the bubble shrinks to about 1/v of 1F1B's. P=2, M=4, v=2 (`F0:1` = micro-batch
-    0, chunk 1):
+    """Interleaved 1F1B (Narayanan et al., 2021): stage s holds virtual stages s, s+P, ...
+    Micro-batches go through the chunks in groups of P; warm-up is 2(P-r-1) + (v-1)P forwards
+    (at most all vM, as in Megatron and torch) and the bubble shrinks to about 1/v of 1F1B's.
+    P=2, M=4, v=2 (`F0:1` = micro-batch 0, chunk 1):
 
         stage0: F0 F1 F0:1 F1:1 F2   B0:1 F3   B1:1 F2:1 B0 F3:1 B1 .    B2:1 .    B3:1 B2 B3
-        stage1: .  F0 F1   F0:1 B0:1 F1:1 B1:1 F2   B0   F3 B1   F2:1 B2:1 F3:1 B3:1 B2   B3
-    """
+        stage1: .  F0 F1   F0:1 B0:1 F1:1 B1:1 F2   B0   F3 B1   F2:1 B2:1 F3:1 B3:1 B2   B3"""
     if stages < 2:
         raise ValueError("interleaved 1F1B needs at least 2 stages: its chunks pass activations "
                          "between stages; use schedule='1f1b' on one stage")
@@ -89,20 +81,14 @@ def interleaved_1f1b(stages, micro_batches, chunks_per_stage=2):
 
 
 def zb_h1(stages, micro_batches):
-    """Zero-bubble ZB-H1 (Qi et al., ICLR 2024): the backward splits into I (the input
-    gradient, which the previous stage waits for) and W (the weight gradient, which nobody
-    waits for). I keeps B's 1F1B place on the critical path; W fills time a stage would
-    otherwise idle, which shrinks the bubble from 1F1B's (P-1)(F + I + W) to
-    (P-1)(F + I - W): about a third of it when F = I = W.
-
-    Stage r runs 1F1B's order (P-r-1 warm-up forwards, then F and I alternating) with each
-    W lagging its I by r micro-batches. A micro-batch holds memory until its W, so stage r
-    holds at most (P - r) + r = P micro-batches: 1F1B's peak, on every stage. P=3, M=6:
+    """Zero-bubble ZB-H1 (Qi et al., ICLR 2024): I keeps B's 1F1B place on the critical path
+    and W fills time a stage would idle, shrinking the bubble from (P-1)(F + I + W) to
+    (P-1)(F + I - W). Stage r lags each W r micro-batches behind its I, holding at most P
+    micro-batches, 1F1B's peak. P=3, M=6:
 
         stage0: F0 F1 F2 .  .  I0 W0 F3 I1 W1 F4 I2 W2 F5 I3 W3 I4 W4 I5 W5
         stage1: .  F0 F1 .  I0 F2 I1 W0 F3 I2 W1 F4 I3 W2 F5 I4 W3 I5 W4 W5
-        stage2: .  .  F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 F4 I4 W2 F5 I5 W3 W4 W5
-    """
+        stage2: .  .  F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 F4 I4 W2 F5 I5 W3 W4 W5"""
     actions = []
     for stage in range(stages):
         warmup, lag = min(stages - stage - 1, micro_batches), stage
@@ -126,29 +112,23 @@ def _next_action(done, kind, chunk):
 
 
 def zb_v(stages, micro_batches):
-    """ZB-V (Qi et al., ICLR 2024, section 6): two chunks per stage in a V, stage r holding
-    virtual stages r (chunk 0, on the way down) and 2P-1-r (chunk 1, on the way back), so
-    stage 0 both starts a micro-batch and computes its loss. With I and W split, the
-    steady state runs F I W on one chunk, then on the other, at 1F1B's peak activation
-    memory (2P chunks of half a stage each). Stage r's phases:
+    """ZB-V (Qi et al., ICLR 2024, section 6): a V of two chunks per stage with I and W split;
+    the steady state runs F I W on one chunk, then the other, at 1F1B's peak memory. Stage r:
 
         warm-up    2(P-r)-1 F on chunk 0; r x (F chunk 1, F chunk 0); P-r x (F I W chunk 1)
         steady     F I W on chunk 0, F I W on chunk 1, until every forward has run
         cool-down  r x (I chunk 0, I chunk 1); P-r x (I W chunk 0); the W still waiting
 
-    The phases assume at least 2P-1 micro-batches; with fewer, the actions of the missing
-    ones are left out (the phases of torch's ScheduleZBVZeroBubble). When F = I = W (each
-    one chunk's) a stage then idles (P-1) F: half of ZB-H1's bubble for the same model.
-    P=2, M=4 (`F0:1` = micro-batch 0 on chunk 1; stage 1 hands micro-batch 0 from its
-    chunk 0 to its chunk 1 itself):
+    With fewer than 2P-1 micro-batches the missing ones' actions are left out (as torch's
+    ScheduleZBVZeroBubble). With F = I = W a stage idles (P-1) F: half of ZB-H1's bubble.
+    P=2, M=4:
 
         step    0    1    2    3    4    5    6    7    8    9    10   11   12
         stage0: F0   F1   F2   F0:1 I0:1 W0:1 F1:1 I1:1 W1:1 F3   I0   W0   F2:1
         stage1: .    F0   F0:1 F1   F1:1 I0:1 W0:1 F2   I0   W0   F2:1 I1:1 W1:1
         step    13   14   15   16   17   18   19   20   21   22   23   24
         stage0: I2:1 W2:1 I1   W1   F3:1 I3:1 W3:1 I2   W2   I3   W3   .
-        stage1: F3   I1   W1   F3:1 I2:1 W2:1 I2   I3:1 I3   W2   W3:1 W3
-    """
+        stage1: F3   I1   W1   F3:1 I2:1 W2:1 I2   I3:1 I3   W2   W3:1 W3"""
     padded = max(micro_batches, 2 * stages - 1)
     actions = []
     for stage in range(stages):
@@ -172,11 +152,10 @@ def zb_v(stages, micro_batches):
 
 
 def dualpipe_v(stages, micro_batches):
-    """DualPipeV (DeepSeek-AI's DualPipe cut in half by Sea AI Lab; DeepSeek's dualpipev.py):
-    ZB-V's V placement, with the steady state pairing a forward on one chunk with a whole
-    backward (I then W) on the other. DualPipe overlaps each pair's compute with the other's
-    communication (MoE all-to-all); a stage here runs the pair one after the other. Stage r's
-    eight phases (W: the oldest weight gradient still waiting):
+    """DualPipeV (DeepSeek's DualPipe cut in half; dualpipev.py): ZB-V's V, the steady state
+    pairing a forward on one chunk with a whole backward (I then W) on the other, run one
+    after the other here (DualPipe overlaps a pair's compute with the other's communication).
+    Stage r's phases (W: the oldest weight gradient still waiting):
 
         1 nF0       2(P-r-1) x F chunk 0
         2 nF0F1     r+1 x (F chunk 0, F chunk 1)
@@ -187,19 +166,14 @@ def dualpipe_v(stages, micro_batches):
         7 nWB0      P-r-1 x (W, I chunk 0 and its W later)
         8 nW        the r+1 W still waiting
 
-    It needs M >= 2P. With F = I = W (each one chunk's) a stage idles (P-1) F, like ZB-V,
-    and holds 2P+1 chunk micro-batches, one more (DualPipe's "PP+1"). DualPipe's published
-    bubble, (P-1)(F&B + B - 3W) with B the whole backward, counts a pair as one unit: run
-    one after the other here, a forward need not wait for its pair's gradient, and the
-    simulated bubble is no larger in any case tested. P=2, M=4:
+    It needs M >= 2P and holds 2P+1 chunk micro-batches (DualPipe's "PP+1"). P=2, M=4:
 
         step    0    1    2    3    4    5    6    7    8    9    10   11   12
         stage0: F0   F1   F2   F0:1 I0:1 W0:1 F1:1 F3   I1:1 W1:1 F2:1 I0   W0
         stage1: .    F0   F0:1 F1   F1:1 F2   I0:1 W0:1 F2:1 I0   W0   F3   I1:1
         step    13   14   15   16   17   18   19   20   21   22   23   24
         stage0: I2:1 W2:1 F3:1 I1   W1   I3:1 W3:1 I2   W2   .    I3   W3
-        stage1: W1:1 F3:1 I1   W1   I2:1 W2:1 I2   W2   I3:1 I3   W3:1 W3
-    """
+        stage1: W1:1 F3:1 I1   W1   I2:1 W2:1 I2   W2   I3:1 I3   W3:1 W3"""
     if micro_batches < 2 * stages:
         raise ValueError(f"dualpipe-v needs at least 2 x stages = {2 * stages} micro-batches, got "
                          f"micro_batches={micro_batches}: use micro_batches={2 * stages}, or "
@@ -259,20 +233,15 @@ CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}
 
 
 def with_deferred_wgrad(schedule):
-    """Deferred weight gradients (Megatron's --defer-embedding-wgrad-compute, here for every
-    layer): I computes only the input gradient, and each chunk's W runs once, at the
-    flush, over the rows of all M micro-batches. A Dense's weight gradient is then one
-    matrix product summing over the step's rows, not M products over a micro-batch's rows
-    each added to the sum: the product a single process runs on the whole batch, without
-    the M - 1 passes over the gradient that adding costs. The price: every micro-batch
-    holds its layer inputs and output gradients until the flush (GPipe's M in flight), and
-    no W fills the bubble. 1F1B, P=2, M=4 (`W*` takes M ticks):
+    """Deferred weight gradients (Megatron's --defer-embedding-wgrad-compute, for every
+    layer): I computes only the input gradient and each chunk's W runs once at the flush, over
+    all M micro-batches' rows: one product per layer, the one a single process runs on the
+    whole batch. Every micro-batch then holds its layer inputs until the flush, and no W fills
+    the bubble. 1F1B, P=2, M=4 (`W*` takes M ticks); the chunk whose last I comes first runs
+    its W first:
 
         stage0: F0 F1 .  I0 F2 I1 F3 I2 .  I3 W* W* W* W*
-        stage1: .  F0 I0 F1 I1 F2 I2 F3 I3 W* W* W* W*
-
-    The chunk whose last I comes first runs its W first.
-    """
+        stage1: .  F0 I0 F1 I1 F2 I2 F3 I3 W* W* W* W*"""
     actions = []
     for order in schedule.actions:
         kept = [replace(a, kind="I") if a.kind == "B" else a for a in order if a.kind != "W"]
@@ -282,9 +251,7 @@ def with_deferred_wgrad(schedule):
 
 
 def make_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgrad=False):
-    """The named schedule's compute actions (`chunks_per_stage`: any number for interleaved
-    1F1B, 2 for ZB-V and DualPipeV, else 1), its W deferred to the flush when
-    `defer_wgrad`."""
+    """The named schedule's compute actions, its W deferred to the flush when `defer_wgrad`."""
     schedule = _named_schedule(name, stages, micro_batches, chunks_per_stage)
     return with_deferred_wgrad(schedule) if defer_wgrad else schedule
 
@@ -302,9 +269,8 @@ def _named_schedule(name, stages, micro_batches, chunks_per_stage):
 
 
 def peak_in_flight(schedule, stage, through="W"):
-    """Most micro-batches (of one chunk's layers) `stage` holds activations of at once:
-    forwarded, and not yet past their last backward piece (W when the backward is split: a
-    waiting W keeps the layer inputs); `through="B"` stops counting at B (or I)."""
+    """Most micro-batches `stage` holds activations of at once: forwarded and not past their
+    last backward piece (W when split); `through="B"` stops counting at B (or I)."""
     release = ("W",) if through == "W" and splits_backward(schedule) else ("B", "I")
     held = peak = 0
     for action in schedule.actions[stage]:
@@ -316,6 +282,5 @@ def peak_in_flight(schedule, stage, through="W"):
 
 
 def action_costs(schedule, forward=1.0, backward=1.0, weight=1.0):
-    """Durations for the simulator: a schedule that does not split the backward runs B and W
-    as one action, so its B costs both."""
+    """Durations for the simulator; a schedule that does not split the backward runs B as I + W."""
     return {"F": forward, "B": backward + weight, "I": backward, "W": weight}

@@ -4,7 +4,7 @@ loop and in one graph, 1F1B and ZB-V with W deferred, like one process (tests/dt
 A dtype no wire carries is refused before the first step: tests/test_errors.py."""
 import pytest
 from dtypes_run import DTYPES, plain_run
-from launch import assert_like_one_process
+from launch import assert_like_one_process, load, results
 
 SEED = 5
 CONFIGS = {"1f1b-loop": dict(schedule="1f1b"),
@@ -30,6 +30,18 @@ def test_every_dtype_crosses_a_boundary_and_trains_like_one_process(trained, pla
     for result in assert_like_one_process(trained / f"dtypes-{name}", *plain).values():
         crossing |= set(result["crossing"])
     assert crossing == set(DTYPES), crossing
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-v-deferred"])
+def test_one_graph_trains_the_loops_weights_bit_for_bit(trained, schedule):
+    """The step as one graph runs the loop's handlers: with tuples of every dtype between
+    the stages (and ZB-V's W deferred over the rows of each element), the same bits."""
+    import numpy as np
+    loop, graph = (trained / f"dtypes-{schedule}-{mode}" for mode in ("loop", "one-graph"))
+    assert [r["losses"] for r in results(loop).values()] == \
+        [r["losses"] for r in results(graph).values()]
+    loop, graph = load(loop / "model.ckpt"), load(graph / "model.ckpt")
+    assert all(np.array_equal(loop[name], graph[name]) for name in loop)
 
 
 def test_on_gpus_a_dtype_nccl_has_no_kernel_for_is_refused_with_those_it_has():

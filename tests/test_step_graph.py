@@ -123,29 +123,27 @@ def one_block_plain():
     return plain_run(3, ONE_LENGTH, dict(SIZE, layers=1))
 
 
-@pytest.mark.parametrize("micro_batches,defer_wgrad,recompute,modes", [
-    (2, True, False, (False, True)), (1, False, False, (True,)), (2, False, True, (True,))])
+@pytest.mark.parametrize("micro_batches,defer_wgrad,recompute", [
+    (2, True, False), (1, False, False), (2, False, True)])
 def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
-        one_block_plain, micro_batches, defer_wgrad, recompute, modes):
-    """The GPT example's layers on one stage, the (sum, count) loss: 2 micro-batches with W
-    deferred (its rows of each (hidden, mask) argument joined per element), one graph
-    bitwise the loop; one micro-batch with B whole; 2 recomputed as one graph (its cells
-    with their own bprop run again). All like one process's token mean. (One length and one
-    block: new lengths and more blocks are tests/test_gpt.py's.)"""
+        one_block_plain, micro_batches, defer_wgrad, recompute):
+    """The GPT example's layers on one stage as one graph, the (sum, count) loss: 2
+    micro-batches with W deferred (its rows of each (hidden, mask) argument joined per
+    element); one micro-batch with B whole; 2 recomputed (its cells with their own bprop run
+    again). All like one process's token mean. (The loop against the graph, bitwise, with
+    tuples and W deferred: tests/test_boundary_dtypes.py; new lengths and more blocks:
+    tests/test_gpt.py.)"""
     import mindspore as ms
     from gpt_run import BATCH, ONE_LENGTH, SIZE, batches, gpt, optimizer
 
     from pipe.engine import PipelineEngine
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    size, runs = dict(SIZE, layers=1), []
-    for one_graph in modes:
-        config = PipelineConfig(micro_batches=micro_batches, batch_size=BATCH, one_graph=one_graph,
-                                defer_wgrad=defer_wgrad, recompute=recompute, seed=3)
-        engine = PipelineEngine(gpt.gpt_layers(**size), gpt.TokenLoss(), optimizer, config)
-        losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
-        runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
-    (losses, loop), (graph_losses, graph) = runs[0], runs[-1]
-    assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
+    config = PipelineConfig(micro_batches=micro_batches, batch_size=BATCH, one_graph=True,
+                            defer_wgrad=defer_wgrad, recompute=recompute, seed=3)
+    engine = PipelineEngine(gpt.gpt_layers(**dict(SIZE, layers=1)), gpt.TokenLoss(), optimizer,
+                            config)
+    graph_losses = [engine.train_step(x, y) for x, y in batches(3, ONE_LENGTH)]
+    graph = {n: p.asnumpy() for n, p in engine.parameters_dict().items()}
     weights, plain_losses = one_block_plain
     assert max(float(abs(graph[n] - weights[n]).max()) for n in weights) < 2e-5
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
