@@ -31,7 +31,7 @@ except ImportError:      # (one line and exit code 2, as every program here answ
     sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import GPT, IGNORE, PAD, VOCAB, Parser, data  # noqa: E402
+from torch_gpt import GPT, IGNORE, PAD, VOCAB, Parser, add_flags, data  # noqa: E402
 
 SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 SCALE = 2.0 ** 16
@@ -63,18 +63,9 @@ class Stage(nn.Module):
 
 def main():
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
+    add_flags(p, batch_size=64)
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--width", type=int, default=768)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--micro-batches", type=int, default=16)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (0: none)")
-    p.add_argument("--results", help="append a JSON line per window (benchmarks/report.py)")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
