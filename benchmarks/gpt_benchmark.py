@@ -58,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=positive_int, default=1, help="pipe: P ranks, one stage each")
     add_model_flags(p)
     p.add_argument("--micro-batches", type=positive_int, default=1)
+    p.add_argument("--partition", choices=["uniform", "blocks"], default="uniform",
+                   help="pipe: layers per stage, uniform (pipe's default: the extra layers to the "
+                        "first stages), or blocks (the blocks evenly, the embedding with the "
+                        "first, the head with the last, as torch_gpt_pipeline.py splits them)")
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b",
                    help="pipe's schedule over --stages ranks (ZB-V and DualPipeV: two chunks a rank)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per window")
@@ -212,6 +216,7 @@ def mindspore_step(args, device):
 
 def pipe_step(args, device):
     config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches, schedule=args.schedule,
+                            partition=partition(args),
                             batch_size=args.batch_size, device=device, precision=args.precision,
                             tf32=args.tf32, defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
@@ -265,6 +270,18 @@ def split(args, engine, device, step_seconds):
         f.write(json.dumps({"stages": args.stages, "micro_batches": args.micro_batches,
                             "precision": precision_name(args), "rank": engine.wire.rank,
                             "timed_step_ms": round(step_seconds * 1e3, 2), **sums}) + "\n")
+
+
+def partition(args):
+    """pipe's partition of the embedding, the blocks and the head: "uniform", or layer counts
+    per stage that split the blocks evenly."""
+    if args.partition == "uniform":
+        return "uniform"
+    P = args.stages
+    counts = [args.layers * (s + 1) // P - args.layers * s // P for s in range(P)]
+    counts[0] += 1
+    counts[-1] += 1
+    return counts
 
 
 def count_params(params):
