@@ -125,6 +125,15 @@ launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, s
     benchmarks/torch_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" $TF32 "$@" \
     > "$OUT/logs/torch.out" 2>&1 || { echo "  failed: torch $*"; tail -n 5 "$OUT/logs/torch.out"; }
 }
+launch_torch_gpt_pipeline() {  # launch_torch_gpt_pipeline N WHAT ARGS...: torch's pipelining, the GPT
+  local n=$1 what=$2; shift 2
+  progress "$what" || return 0
+  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) \
+    benchmarks/torch_gpt_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
+    --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" "$@" > "$OUT/logs/torch-gpt-pp.out" 2>&1 \
+    && tail -n 1 "$OUT/logs/torch-gpt-pp.out" \
+    || { echo "  failed: torch GPT pipeline $*"; tail -n 5 "$OUT/logs/torch-gpt-pp.out"; }
+}
 say() { [ "$COUNTING" = 1 ] || echo "$@"; }
 
 wanted() { [ "$1" = all ] || [ "$1" = "$2" ]; }
@@ -146,27 +155,30 @@ fi
 
 gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MFU's peak
   PEAK=0
-  if [ "$DEVICE" = CPU ]; then GSIZE="--layers 2 --width 64 --heads 4 --context 64 --batch-size 8"
-  else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 16"
+  if [ "$DEVICE" = CPU ]; then GSIZE="--layers 2 --width 64 --heads 4 --context 64 --batch-size 16"
+  else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 64"
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in   # dense peaks
       *H100*|*H200*) PEAK=989                                     # fp16
         if [ "$PRECISION" = fp32 ]; then PEAK=$([ -n "$TF32" ] && echo 495 || echo 67); fi ;; esac
   fi
 }
-headline_gpt() {  # MindSpore's own step on one device; pipe on all of them, its own choices; torch's
-  gpt_size
+headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch's pipelining on P
+  gpt_size         # devices, M = 4P micro-batches (a pipeline-sized batch), 1F1B, the same split
+  local m=$((4 * P))
   say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
   launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore
   if [ $P = 1 ]; then
     launch_gpt 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $GSIZE --impl pipe $DEFER
   else
-    launch_gpt $P "pipe ${P}x1 M=4: 1f1b (pipe chooses W and one graph)" $GSIZE --impl pipe \
-      --micro-batches 4 $DEFER
+    launch_gpt $P "pipe ${P}x1 M=$m: 1f1b (pipe chooses W and one graph)" $GSIZE --impl pipe \
+      --micro-batches $m --partition blocks $DEFER
   fi
-  if [ $TORCH_GPT = 1 ]; then
-    launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
-  else
-    say "  (no torch row for the GPT: $NO_TORCH_GPT)"
+  if [ $TORCH_GPT = 0 ]; then say "  (no torch rows for the GPT: $NO_TORCH_GPT)"; return; fi
+  launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
+  if [ $P -gt 1 ] && [ "$DEVICE" = GPU ]; then
+    launch_torch_gpt_pipeline $P "torch.distributed.pipelining ${P}x1 M=$m: 1f1b" $GSIZE --micro-batches $m
+  elif [ $P -gt 1 ]; then
+    say "  (no torch.distributed.pipelining row for the GPT: its script runs on CUDA GPUs)"
   fi
 }
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices

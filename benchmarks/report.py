@@ -7,7 +7,8 @@ Per run: step time is the slowest rank's median; a configuration timed in severa
 (over replicas and windows).
 Speedup is over one device: pipe's own single-device run of the same model and form (one
 micro-batch: its fastest), or, where that was not run (the headline table), MindSpore's
-compiled step on one device; efficiency divides it by the number of devices. Pipeline
+compiled step on one device (torch's rows: torch's own step on one device, where it ran);
+efficiency divides it by the number of devices. Pipeline
 efficiency compares with pipe on a single device running the same M micro-batches, so it
 isolates the schedule from the cost of micro-batching; the bound on it is m/(m+p-1) (data
 parallelism assumed free).
@@ -93,8 +94,9 @@ def summarize(lines):
                 return found[0]
         return float("nan")
     for row in rows:                      # pipe's one device run the same way (graph or not,
-        same = ["pipe-graph" if row["impl"] == "pipe-graph" else "pipe"]  # W deferred or not)
-        row["speedup"] = row["samples_per_s"] / single(row, 1, same + ["builtin"])
+        same = ["pipe-graph" if row["impl"] == "pipe-graph" else "pipe"]  # W deferred or not);
+        own = ["torch"] if row["impl"] == "torch" else []   # torch's over torch's one device
+        row["speedup"] = row["samples_per_s"] / single(row, 1, own + same + ["builtin"])
         row["efficiency"] = row["speedup"] / row["devices"]
         row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"], same) / row["devices"]
         row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] != "builtin" else float("nan")
@@ -140,8 +142,10 @@ def label(row):
 
 
 def chart(rows, path):
-    """A horizontal bar per row, step time, one panel per model; needs matplotlib (optional:
-    pip install matplotlib). Returns what it did, as a line to print."""
+    """One panel per model: a horizontal bar per row, step time; for the GPT, tokens per
+    second against the number of devices for pipe (from MindSpore's one-device step) and
+    torch (from its own), with the ideal and 1F1B's bubble bound. Needs matplotlib
+    (optional: pip install matplotlib). Returns what it did, as a line to print."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -150,22 +154,54 @@ def chart(rows, path):
         return "no chart: matplotlib is not importable (pip install matplotlib, then run this again)"
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(len(models), 1, squeeze=False,
-                             figsize=(9, 1.2 + 0.35 * len(rows) + 0.6 * len(models)))
-    colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
+                             figsize=(9, 1.2 + 0.35 * len(rows) + 1.2 * len(models)))
     for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
-        labels = [label(r) for r in mine]
-        ax.barh(labels, [r["step_ms"] for r in mine], color=[colors[r["impl"]] for r in mine])
-        for y, r in enumerate(mine):
-            ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)
-        ax.invert_yaxis()
-        kind = "" if model.startswith("GPT") else " MLP"
-        ax.set_title(f"{model}{kind}: step time (ms, median), shorter is faster", fontsize=10)
-        ax.margins(x=0.15)
+        if model.startswith("GPT"):
+            scaling(ax, model, mine)
+        else:
+            bars(ax, model, mine)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"chart: {path}"
+
+
+def bars(ax, model, mine):
+    colors = {"pipe": "#4c8bd6", "pipe-graph": "#4c8bd6", "builtin": "#9a6fc4", "torch": "#f0a030"}
+    ax.barh([label(r) for r in mine], [r["step_ms"] for r in mine],
+            color=[colors[r["impl"]] for r in mine])
+    for y, r in enumerate(mine):
+        ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title(f"{model} MLP: step time (ms, median), shorter is faster", fontsize=10)
+    ax.margins(x=0.15)
+
+
+def scaling(ax, model, mine):
+    """Tokens per second against devices: pipe's line starts at MindSpore's one-device step,
+    torch's at torch's; the ideal and the bubble bound scale MindSpore's point."""
+    lines = {"pipe": ("builtin", ("pipe", "pipe-graph"), "#4c8bd6"),
+             "torch pipelining": ("torch", ("torch",), "#f0a030")}
+    for name, (alone, pipelined, color) in lines.items():
+        points = sorted((r["devices"], r["tokens_per_s"]) for r in mine
+                        if (r["devices"] == 1 and r["impl"] == alone)
+                        or (r["devices"] > 1 and r["impl"] in pipelined))
+        if points:
+            ax.plot(*zip(*points), "o-", color=color, label=name)
+    base = [r for r in mine if r["devices"] == 1 and r["impl"] == "builtin"]
+    piped = [r for r in mine if r["devices"] > 1 and r["impl"] in ("pipe", "pipe-graph")]
+    if base and piped:
+        n = sorted({1} | {r["devices"] for r in piped})
+        one, m = base[0]["tokens_per_s"], piped[0]["M"]
+        ax.plot(n, [one * k for k in n], ":", color="grey", label="ideal")
+        ax.plot(n, [one * k * m / (m + k - 1) for k in n], "--", color="grey",
+                label=f"bubble bound, M={m}")
+    ax.set_xticks(sorted({r["devices"] for r in mine}))
+    ax.set_xlabel("devices")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{model}: tokens per second, higher is faster", fontsize=10)
+    ax.legend(fontsize=8)
 
 
 def main(path):

@@ -99,13 +99,13 @@ def add_flags(p, batch_size):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (0: none)")
     p.add_argument("--results", help="append a JSON line per window (benchmarks/report.py)")
+    p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
 
 
 def main():
     p = Parser(description=__doc__.splitlines()[0])
     add_flags(p, batch_size=16)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = args.tf32      # off: fp32 as MindSpore's default computes it
     model = GPT(args.layers, args.width, args.heads, args.context).to(args.device)

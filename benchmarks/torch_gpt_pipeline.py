@@ -12,7 +12,7 @@ holds the mask of kept keys rather than receiving it (torch's stages send what n
 gradient). The loss is the batch's summed cross-entropy / its count of real targets,
 micro-batch gradients summed (not averaged). fp16 as torch's recipe: autocast and a loss
 scale (a fixed 2**16 here; no step overflows in this benchmark). Writes gpt_benchmark.py's
-JSON fields (impl "torch-pipelining") for benchmarks/report.py.
+JSON fields (impl "torch", as torch_pipeline.py's rows) for benchmarks/report.py.
 """
 import json
 import os
@@ -70,7 +70,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
     torch.cuda.set_device(device)
-    torch.backends.cuda.matmul.allow_tf32 = False     # fp32 as MindSpore's default computes it
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32   # off: fp32 as MindSpore's default computes it
     dist.init_process_group("nccl")
     torch.manual_seed(0)
     gpt = GPT(args.layers, args.width, args.heads, args.context)
@@ -150,11 +150,11 @@ def report(args, world, windows, peaks, params):
     with open(args.results, "a") as f:
         for repeat, seconds in enumerate(windows):
             f.write(json.dumps({
-                "impl": "torch-pipelining", "model": "gpt", "layers": args.layers,
+                "impl": "torch", "model": "gpt", "layers": args.layers,
                 "hidden": args.width, "heads": args.heads, "context": args.context,
                 "batch_size": args.batch_size, "stages": world, "data_parallel": 1,
                 "schedule": args.schedule, "micro_batches": args.micro_batches,
-                "precision": args.precision, "params": params, "flops_per_step": flops,
+                "precision": args.precision + "+tf32" * args.tf32, "params": params, "flops_per_step": flops,
                 "peak_tflops": args.peak_tflops or None, "rank": 0, "stage": 0,
                 "repeat": repeat, "step_ms": seconds * 1e3, "samples_per_s": args.batch_size / seconds,
                 "tokens_per_s": tokens / seconds, "peak_memory_bytes": max(peaks)}) + "\n")

@@ -62,3 +62,19 @@ def test_the_chart_names_what_ran_on_one_device():
              row(0, 0, 8.0, device="GPU"), row(1, 1, 10.0, device="GPU")]
     assert [label(r) for r in summarize(lines)] == [
         "MindSpore, one GPU, no pipeline", "torch, one GPU", "pipe (loop) 2x1 1f1b"]
+
+
+def test_the_gpt_compares_torchs_pipelining_with_torchs_one_device_and_charts_tokens(tmp_path):
+    """The GPT's rows: pipe's speedup over MindSpore's one-device step, torch's pipelining's
+    over torch's own; the chart plots tokens per second against devices."""
+    gpt = dict(model="gpt", context=512, hidden=768, layers=12, batch_size=64,
+               flops_per_step=2e11, schedule="1f1b")
+    lines = [row(0, 0, 600.0, impl="builtin", stages=1, micro_batches=1, **gpt),
+             row(0, 0, 450.0, impl="torch", stages=1, micro_batches=1, **gpt),
+             row(0, 0, 400.0, micro_batches=8, **gpt), row(1, 1, 400.0, micro_batches=8, **gpt),
+             row(0, 0, 300.0, impl="torch", micro_batches=8, **gpt)]
+    rows = summarize(lines)
+    assert [(r["layout"], r["impl"], r["speedup"]) for r in rows] == [
+        ("1x1", "builtin", 1.0), ("1x1", "torch", 1.0), ("2x1", "pipe", 1.5), ("2x1", "torch", 1.5)]
+    assert chart(rows, str(tmp_path / "results.png")) == f"chart: {tmp_path / 'results.png'}"
+    assert (tmp_path / "results.png").stat().st_size > 0
