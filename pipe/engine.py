@@ -10,6 +10,7 @@ import os
 import tempfile
 from contextlib import ExitStack, nullcontext
 from dataclasses import replace
+from typing import NamedTuple
 
 import mindspore as ms
 
@@ -41,6 +42,18 @@ __all__ = ["PipelineEngine", "PipelineError", "prepare_process"]
 def flat(summed):
     """Each chunk's gradient sums, one after the other."""
     return tuple(g for grads in summed for g in grads)
+
+
+class Built(NamedTuple):
+    """What the stages agreed for one batch shape, and the step built for it."""
+    p2p: object          # this rank's messages (pipe.wire.PointToPoint)
+    counter: object      # a (sum, count) loss's TokenCount, or None
+    step: object         # the handlers, run one by one (Actions) or as one graph (StepGraph)
+
+
+def counted_labels(batch, counter):
+    """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
+    return as_tensor(batch.source[1]) if counter else ()
 
 
 def prepare_process(config, wire):
@@ -86,12 +99,9 @@ class PipelineEngine:
         self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
-        self.links = {}                  # batch shapes -> this rank's messages (agreed once each)
-        self.token_counts = {}           # batch shapes -> a (sum, count) loss's TokenCount, or None
+        self.built = {}                  # batch shapes -> Built: agreed and built once each
         # predict's batch shapes -> (handlers, messages, output spec)
         self.predicting = {}
-        self.loops = {}                  # batch shapes -> the handlers, run one by one
-        self.graphs = {}                 # batch shapes -> the same handlers as one graph
         self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.ops.trace.Tracer records a timeline when set
@@ -104,13 +114,14 @@ class PipelineEngine:
         """One optimizer step on the global mini-batch; returns its loss on every rank."""
         batch = split(self.config, inputs, labels, self.replica)   # this replica's micro-batches
         self.step += 1
-        if batch.shapes not in self.links:            # new shapes: the stages agree on them
+        if batch.shapes not in self.built:            # new shapes: the stages agree on them
             self.agree_shapes(batch)
-        scale = self.loss_grad_scale(self.token_counts[batch.shapes])   # (fp16: x S)
-        masks = self.dropout_masks(batch, self.links[batch.shapes])    # this step's, per unit
+        built = self.built[batch.shapes]
+        scale = self.loss_grad_scale(built.counter)   # (fp16: x S)
+        masks = self.dropout_masks(batch, built.p2p)  # this step's, per unit
         for chunk in self.chunks:                     # (predict puts them in eval mode)
             chunk.set_mode(True)
-        losses, grads, overflowed, count = self.run_actions(batch, masks, scale)
+        losses, grads, overflowed, count = self.run_actions(batch, built, masks, scale)
         weight = self.loss_weight(count)              # what each micro-batch's loss counts
         if not self.update_in_graph:
             self.update_weights(grads)
@@ -139,24 +150,25 @@ class PipelineEngine:
                               if stepped else ""))
         return 1.0 / total
 
-    def run_actions(self, batch, masks, scale):
+    def run_actions(self, batch, built, masks, scale):
         """This rank's actions, one by one or as one graph: (its losses' sum, each chunk's
         summed weight gradients, whether the graph's gradients overflowed, a (sum, count) loss's
         count or None)."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
-        counter = self.token_counts[batch.shapes]
+        counter = built.counter
         if not self.one_graph:
-            scale, count = counter(self.counted_labels(batch), scale) if counter else (scale, None)
-            actions = self.loops[batch.shapes]
+            scale, count = counter(as_tensor(batch.source[1]), scale) if counter else (scale, None)
+            actions = built.step
             start = actions.start(self.memory.store("kept", batch.shapes),
                                   self.memory.store("waiting", batch.shapes))
             state = self.run_loop(actions, self.schedule, start,
                                   (batch.inputs, batch.labels, masks, scale))
             summed = actions.summed(state)
             return loss_sum(state["outputs"]), flat(summed), None, count
-        graph = self.graphs[batch.shapes]
+        graph = built.step
         with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            losses, summed, sent, overflow, count = graph(*self.graph_inputs(batch, masks, scale))
+            inputs = self.graph_inputs(batch, counter, masks, scale)
+            losses, summed, sent, overflow, count = graph(*inputs)
             if graph.sends:              # waits inside the watch: a failed message is this step's
                 sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
         overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
@@ -169,19 +181,14 @@ class PipelineEngine:
                 state = actions.run(state, action, data)
         return state
 
-    def graph_inputs(self, batch, masks, scale):
+    def graph_inputs(self, batch, counter, masks, scale):
         """The step graph's inputs: rows, labels, masks, the loss gradient's scale (a
         number the graph folds in where it never changes), 1 / S in fp16, a (sum, count) loss's
         labels; `()` for what the graph does not use."""
-        counted = self.token_counts[batch.shapes]
-        if not (self.scaler or counted):
+        if not (self.scaler or counter):
             scale = self.mean_weight
         inverse = self.scaler.inverse() if self.scaler and self.update_in_graph else ()
-        return (*replica_rows(batch), masks, scale, inverse, self.counted_labels(batch))
-
-    def counted_labels(self, batch):
-        """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
-        return as_tensor(batch.source[1]) if self.token_counts[batch.shapes] else ()
+        return (*replica_rows(batch), masks, scale, inverse, counted_labels(batch, counter))
 
     def loss_grad_scale(self, counter):
         """The loss gradient's scale as a tensor, made anew only when it changes:
@@ -266,7 +273,7 @@ class PipelineEngine:
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
                                batch.labels[0], self.wire.dtypes, training,
-                               runs=1 if self.links else 2)
+                               runs=1 if self.built else 2)
             ranks = self.topo.pipeline_ranks(self.replica)
             p2p = connect_stages(self.schedule, self.stage, self.wire, ranks, batch.inputs[0],
                                  check.probe)
@@ -274,30 +281,26 @@ class PipelineEngine:
             self.output_spec, counted = check.agree(self.wire, p2p.specs, last)
         if not training:
             return p2p
-        self.links[batch.shapes] = p2p
-        self.token_counts[batch.shapes] = (Compiled(TokenCount(self.loss_fn, self.output_spec))
-                                           if counted else None)
+        counter = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None
         if self.left:                    # once: what the config left to pipe
             self.choose(p2p)
-        if self.one_graph:
-            self.build_graph(batch, p2p)
-        else:
-            self.loops[batch.shapes] = Actions(self.layout, p2p, compiled=False)
+        step = self.build_graph(batch, p2p, counter) if self.one_graph else \
+            Actions(self.layout, p2p, compiled=False)
+        self.built[batch.shapes] = Built(p2p, counter, step)
         return p2p
 
-    def build_graph(self, batch, p2p):
+    def build_graph(self, batch, p2p, counter):
         """The step as one graph for these shapes; with other ranks compiled now on all
         at once, so that a compile that fails anywhere fails everywhere before any message."""
         stepping = self.update_in_graph
-        counter = self.token_counts[batch.shapes]
         masks = self.dropout_masks(batch, p2p, drawn=False)
         unscale = self.scaler.unscale_cell if stepping and self.scaler else None
         graph = StepGraph(Actions(self.layout, p2p, compiled=True),
                           self.update if stepping else None, unscale, counter)
         if self.wire.size > 1:
-            inputs = self.graph_inputs(batch, masks, self.loss_grad_scale(counter))
+            inputs = self.graph_inputs(batch, counter, masks, self.loss_grad_scale(counter))
             agreed(self.wire, lambda: graph.prepare(*inputs), "compiling the step as one graph")
-        self.graphs[batch.shapes] = graph
+        return graph
 
     def run_as(self, one_graph):
         """One graph or the loop; with one graph and nothing to all-reduce, the optimizer

@@ -109,7 +109,7 @@ def pipe_run(spec, communicator):
                             DeadlineWire(120.0, communicator))
     losses = [engine.train_step(x, y) for x, y in batches(spec["seed"])]
     engine.save(spec["save"], STEPS)
-    (p2p,) = engine.links.values()                          # (one batch shape)
+    ((p2p, _, _),) = engine.built.values()                  # (one batch shape)
     crossing = sorted({str(dtype) for vs, spec in p2p.specs.items() if vs > 0 and spec
                        for _, dtype in elements(spec)})      # what reached this rank's stages
     return engine, {"losses": losses, "crossing": crossing}

@@ -194,7 +194,7 @@ def pipe_run(spec, communicator):
         losses.append(engine.train_step(x, y))
         scales.append(engine.scaler.value if half else None)
     engine.save(spec["save"], len(data))
-    (p2p,) = engine.links.values()                          # (one batch shape)
+    ((p2p, _, _),) = engine.built.values()                  # (one batch shape)
     wire = sorted({str(dtype) for vs, spec in p2p.specs.items()   # between the stages
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,

@@ -296,13 +296,13 @@ def test_a_prepared_step_runs_what_was_compiled(tmp_path):
                                 micro_batches=2, one_graph=True, defer_wgrad=False)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
-    built, p2p = engine.graphs[batch.shapes], engine.links[batch.shapes]
+    p2p, _, built = engine.built[batch.shapes]
     graph = StepGraph(built.actions, built.update)                              # not compiled yet
     scale = engine.loss_grad_scale(None)                                        # (fp32: a number)
     with saved_graphs(tmp_path) as files:
-        graph.prepare(*engine.graph_inputs(batch, engine.dropout_masks(batch, p2p, drawn=False), scale))
+        graph.prepare(*engine.graph_inputs(batch, None, engine.dropout_masks(batch, p2p, drawn=False), scale))
         prepared = len(files())
-        graph(*engine.graph_inputs(batch, engine.dropout_masks(batch, p2p), scale))
+        graph(*engine.graph_inputs(batch, None, engine.dropout_masks(batch, p2p), scale))
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 
@@ -319,9 +319,10 @@ def test_a_call_gives_only_what_is_used(precision, counted):
                                 one_graph=True, precision=precision)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
-    scale = engine.loss_grad_scale(engine.token_counts[batch.shapes])
-    loss, summed, sent, overflow, count = engine.graphs[batch.shapes](*engine.graph_inputs(
-        batch, engine.dropout_masks(batch, engine.links[batch.shapes]), scale))
+    p2p, counter, graph = engine.built[batch.shapes]
+    scale = engine.loss_grad_scale(counter)
+    loss, summed, sent, overflow, count = graph(*engine.graph_inputs(
+        batch, counter, engine.dropout_masks(batch, p2p), scale))
     assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
     assert overflow.asnumpy().tolist() == [0.0] if precision == "fp16" else overflow == ()
     assert count.asnumpy().tolist() == 8.0 if counted else count == ()
