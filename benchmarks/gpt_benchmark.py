@@ -20,6 +20,7 @@ benchmarks/report.py shows the GPT as one more model of the headline table.
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 
@@ -40,6 +41,7 @@ from pipe.features.builders import LayerBuilders  # noqa: E402
 from pipe.ops import cli  # noqa: E402
 from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                           add_speed_flags, positive_int, precision_name, use_device)
+from pipe.ops.trace import Tracer  # noqa: E402
 from pipe.schedules import SCHEDULES  # noqa: E402
 
 
@@ -227,6 +229,7 @@ def pipe_step(args, device):
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
     chose = {"defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph, **place,
              "impl": "pipe-graph" if engine.one_graph else "pipe"}
+
     def step():
         return engine.train_step(ids, targets)
     step.engine = engine
@@ -243,21 +246,18 @@ def kind_of(name):
         else "other"
 
 
-def split(args, engine, device, step_seconds):
-    """Where this rank's step goes: one step traced with each action waiting for the device
-    (compute, waiting on and taking a receive, sending, the all-reduce and the optimizer;
-    the rest is the host between actions), and one traced without waiting (the host's own
-    time issuing each kind). One JSON line per rank in --results + '.split'."""
-    import time
-
-    from pipe.ops.trace import Tracer
-    ids, targets = map(ms.Tensor, data(args))
-    sums = {}
+def split(args, step, device, step_seconds):
+    """Where this rank's `step` goes: one step traced with each action waiting for the device
+    (compute, waiting on and taking a receive, sending, the all-reduce over replicas; the
+    rest, the step less these, is the optimizer and the host between actions), and one
+    traced without waiting (the host's own time issuing each kind). One JSON line per rank
+    in --results + '.split'."""
+    engine, sums = step.engine, {}
     for wait in (True, False):
         engine.tracer = Tracer(engine.wire.rank, "split", device, wait_for_device=wait)
         engine.barrier()
         start = time.perf_counter()
-        engine.train_step(ids, targets)
+        step()
         wall = time.perf_counter() - start
         totals = {}
         for event in engine.tracer.events:
@@ -320,7 +320,7 @@ def run(args, wait):
                                 "tokens_per_s": tokens / seconds, "mfu": mfu}) + "\n")
     best = sorted(windows)[len(windows) // 2]
     if args.split and args.impl == "pipe":
-        split(args, step.engine, device, best)
+        split(args, step, device, best)
     if chose["rank"] == 0:
         layout = f"P={devices} M={args.micro_batches}" + (f" {args.schedule}" if devices > 1 else "")
         print(f"{args.impl} {precision_name(args)} {layout} "

@@ -78,6 +78,7 @@ def main():
     bounds = [args.layers * k // world for k in range(world + 1)]
     keep = (ids[:1] != PAD).to(torch.float32)
     stage = Stage(gpt, bounds[rank], bounds[rank + 1], keep).to(device)
+    params = sum(q.numel() for q in gpt.parameters())     # (the head tied: counted once)
     del gpt
     count = (targets != IGNORE).sum()
     half = args.precision == "fp16"
@@ -133,8 +134,7 @@ def main():
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
     if rank == 0:
-        report(args, world, windows, [int(q.item()) for q in peaks], sum(
-            q.numel() for q in GPT(args.layers, args.width, args.heads, args.context).parameters()))
+        report(args, world, windows, [int(q.item()) for q in peaks], params)
     dist.destroy_process_group()
 
 

@@ -120,7 +120,7 @@ class Actions(nn.Cell):
         self.backwards = each(lambda c: c.backward_cell)
         self.input_grads = each(lambda c: c.input_grad_cell)
         self.weight_grads = each(lambda c: c.weight_grad_cell)
-        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.features.batchnorm)
+        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.layers.Buffers)
         self.infers = each(lambda c: c.infer_cell)
         self.infer = infer
         self.weight_inputs = tuple(c.weight_inputs for c in chunks)
@@ -131,8 +131,7 @@ class Actions(nn.Cell):
         self.micro_batches = layout.config.micro_batches
         actions = layout.schedule.actions[layout.stage]
         messages = [Message(p2p, a, compiled) for a in actions if not a.is_compute]
-        self.messages = nn.CellList(messages,
-                                   auto_prefix=False)
+        self.messages = nn.CellList(messages, auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
         # In a graph, tokens keep the list's order: its messages', and its F and B interleaved,
         # which bounds the memory; one micro-batch with no message has nothing to order.
@@ -201,7 +200,7 @@ class Actions(nn.Cell):
     def backward(self, state, mb, c, takes, puts, first_sum, data):
         """B: chunk c's whole backward of micro-batch mb, its weight gradients added to the
         chunk's sums, the input gradient handed on."""
-        copies = self.kept_buffers[c].save()          # batch norm: its backward moves nothing
+        copies = self.kept_buffers[c].save()          # a backward moves no buffer
         residuals, dy = self.restored(state, mb, c, takes, data)
         dx, grads = self.backwards[c](dy, *variables(residuals))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
