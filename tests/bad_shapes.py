@@ -1,6 +1,6 @@
 """A model whose stages do not fit together: layer 1 wants 12 features, layer 0 gives 16.
 
-    mpiexec -n 2 python tests/bad_shapes.py      # both ranks must fail, naming the boundary
+    mpiexec -n 2 python tests/bad_shapes.py   # both fail: rank 1 names the boundary, rank 0 rank 1
 """
 import sys
 

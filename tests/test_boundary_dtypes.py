@@ -50,12 +50,12 @@ def test_on_gpus_a_dtype_nccl_has_no_kernel_for_is_refused_with_those_it_has():
     instead (bool and the narrow ints travel as int32); on CPU (mpi4py) it crosses."""
     import mindspore as ms
 
-    from pipe.ops.handshake import check_input, failure_text
+    from pipe.ops.handshake import StageCheck, unwired
     from pipe.wire import NCCL_DTYPES, WIRE_DTYPES, Parts
     spec = Parts((((8, 4), ms.float32), ((8,), ms.int64)))
     nccl = set(NCCL_DTYPES)
-    assert check_input(spec, nccl) == ("wire", 1) and check_input(spec, set(WIRE_DTYPES)) is None
-    assert check_input(Parts((((8, 4), ms.float16), ((8,), ms.bool_))), nccl) is None
-    text = failure_text(1, "wire", 1, spec, [(0, 2), (2, 4)], 2, nccl)
+    assert unwired(spec, nccl) == 1 and unwired(spec, set(WIRE_DTYPES)) is None
+    assert unwired(Parts((((8, 4), ms.float16), ((8,), ms.bool_))), nccl) is None
+    text = StageCheck([], [(0, 2), (2, 4)], 2, None, nccl).boundary_problem(None, 1, spec)
     assert text.endswith("as Int64, which this wire does not carry; make layer 1 hand it on as "
                          "one of Float32, Float16, Int32, Bool, UInt8, Int8, Int16"), text

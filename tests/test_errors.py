@@ -133,7 +133,7 @@ UINT16 = ("RuntimeError: " + "check before the first step failed: stage 1 would 
 
 def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
     """tests/failure_check.py: each case is caught on both ranks, in turn, so none may leave
-    a rank waiting. The rank where the model failed says why and where (the layer, the loss,
+    a rank waiting. The rank that found the failure says why and where (the layer, the loss,
     the boundary); the other names that rank in one line."""
     done = run_check("failure_check.py", 2, "before", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -144,7 +144,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "tuple: rank 0: " + pointer.format(1),
         "no-backward-one-graph: rank 0: PeerFailed: rank 1 failed compiling the step as one graph: "
         "rank 1's error says why",
-        "uint16: rank 0: " + UINT16,
+        "uint16: rank 0: " + pointer.format(1),
         "random: rank 0: RuntimeError: " + CHECK + "stage 0 (layers 0 to 1) failed on the input "
         "batch, of shape (2, 8) Float32: layer 1 (HiddenDropout) draws random numbers inside: two "
         "runs of its forward on the same input differ, and pipe's backward runs it again, drawing "

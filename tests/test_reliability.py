@@ -53,9 +53,12 @@ def test_mismatched_stage_shapes_fail_every_rank_before_any_step():
     message = ("error: check before the first step failed: stage 1 cannot take stage 0's output "
                "(the boundary between layers 0 and 1), of shape (4, 16) Float32; its first layer "
                "expects 12 features. Fix the model so that layer 0's output fits layer 1's input")
+    pointer = ("error: the check before the first step failed on rank 1 (stage 1): rank 1's "
+               "error says why")
     assert done.returncode != 0
+    assert f"rank 1 {message}" in done.errs[1] and message not in done.errs[0]
+    assert pointer in done.errs[0]
     for rank in (0, 1):                   # each learns it from the check, not from a deadline
-        assert f"rank {rank} {message}" in done.errs[rank]
         assert "no progress" not in done.errs[rank]
 
 

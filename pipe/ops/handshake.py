@@ -3,12 +3,11 @@
 `connect_stages` passes each boundary's (shape, dtype) from stage to stage and runs each
 forward on it (`probe`: twice, which must agree, or a layer draws its own random numbers
 that pipe's backward would draw again). One all-reduce (`StageCheck.agree`) then tells
-every rank of every failure before any real message: a boundary's problem in full on every
-rank, the model's own error in full where it happened and as a pointer elsewhere."""
+every rank of every failure before any real message: in full on the rank that found it,
+elsewhere as a line naming that rank."""
 import glob
 import os
 import time
-from typing import NamedTuple
 
 import mindspore as ms
 import numpy as np
@@ -22,13 +21,11 @@ from pipe.ops.watchdog import PeerFailed, alike, first_line
 from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
                        spec_of, write_header)
 
-__all__ = ["connect_stages", "StageCheck", "RandomLayer", "check_input", "agreed", "probe",
+__all__ = ["connect_stages", "StageCheck", "RandomLayer", "unwired", "agreed", "probe",
            "describe_layer"]
 
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 ONE = ms.Tensor(1.0, ms.float32)              # the loss gradient's scale a check runs with
-KINDS = ("shape", "dtype", "wire", "model")   # what a stage's check can find wrong
-TOLD_IN_FULL = ("shape", "dtype", "wire")     # ... and what every rank can say in full
 HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its construct "
              "reads itself: cast it to the input's dtype there, `w.astype(x.dtype)`, as "
              "nn.Dense does)")
@@ -36,17 +33,6 @@ HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its 
 
 class RandomLayer(TypeError):
     """A layer draws random numbers inside: pipe's backward would run it again and draw others."""
-
-
-class Failure(NamedTuple):
-    """What went wrong on this rank's stage: `kind` (of KINDS), `expected` (a number every
-    rank can word), `text` (the model's own error, told by this rank alone), the exception."""
-    vs: int
-    spec: tuple
-    kind: str
-    expected: int
-    text: str
-    error: object
 
 
 def connect_stages(schedule, stage, wire, ranks, first_input, probe):
@@ -170,47 +156,23 @@ def is_half(chunk):
     return any(map(computes_half, chunk.layers))
 
 
-def check_input(spec, carried):
-    """("wire", element index) when the wire cannot carry an element of `spec`, else None
-    (`carried` None: the input batch, which does not travel)."""
+def unwired(spec, carried):
+    """The index of the first element of `spec` the wire cannot carry, else None."""
     for k, (_, dtype) in enumerate(elements(spec)):
-        if carried is not None and carrier(dtype) not in carried:
-            return "wire", k
+        if carrier(dtype) not in carried:
+            return k
     return None
 
 
-def check_dtype(chunk, spec):
-    """("dtype", the first weights' dtype index) when the chunk's first layer has weights of
-    another float dtype than its input, found before a failed compile prints pages."""
+def mismatched_weights(chunk, spec):
+    """The first weights' dtype when the chunk's first layer has weights of another float
+    dtype than its input, found before a failed compile prints pages; else None."""
     if isinstance(spec, Parts) or is_half(chunk):
         return None
     first, weight = _first_weight(chunk)
     if first == 0 and spec[1] in FLOATS and spec[1] != weight.dtype:
-        return "dtype", DTYPES.index(weight.dtype)
+        return weight.dtype
     return None
-
-
-def explain(chunk, spec, labels, error):
-    """(kind, expected, what) for the `error` a stage's forward raised on `spec`: the
-    boundary's dtype or shape when its first weighted layer cannot take the input, else the
-    model's own error with the piece that raised it."""
-    if isinstance(error, RandomLayer):
-        return "model", 0, str(error)
-    found = locate_failure(chunk, example(spec), labels)
-    if found is None:
-        return "model", 0, ("compiling its forward failed (each layer ran alone): "
-                            f"{first_line(error)}{HALF_HINT if is_half(chunk) else ''}")
-    k, where, cause = found
-    if isinstance(spec, Parts):
-        return "model", 0, f"{where}, raised {first_line(cause)}"
-    first, weight = _first_weight(chunk)
-    shape, dtype = spec
-    if k == first and dtype in FLOATS and dtype != weight.dtype and not is_half(chunk):
-        return "dtype", DTYPES.index(weight.dtype), ""
-    layer = chunk.layers[k] if k < len(chunk.layers) else None
-    if k == 0 and isinstance(layer, nn.Dense) and shape[-1] != layer.in_channels:
-        return "shape", layer.in_channels, ""
-    return "model", 0, f"{where}, raised {first_line(cause)}"
 
 
 def _words(spec):
@@ -228,106 +190,115 @@ def _compile_report(since):
     return f" (MindSpore's compile report: {found[0]})" if found else ""
 
 
-def _stage(vs, bounds, stages):
-    """"stage 2", or "virtual stage 2" when a stage holds several chunks."""
-    return f"stage {vs}" if len(bounds) == stages else f"virtual stage {vs}"
-
-
-def _coming(vs, bounds, stages):
-    """What reaches virtual stage vs, in words."""
-    first = bounds[vs][0]
-    return ("the input batch" if vs == 0 else f"{_stage(vs - 1, bounds, stages)}'s output "
-            f"(the boundary between layers {first - 1} and {first})")
-
-
-def failure_text(vs, kind, expected, spec, bounds, stages, carried):
-    """A boundary's problem in words every rank can give (from the all-reduced numbers)."""
-    first, coming, stage = bounds[vs][0], _coming(vs, bounds, stages), _stage(vs, bounds, stages)
-    if kind == "wire":
-        dtype = elements(spec)[expected][1]
-        element = f"element {expected} of " if isinstance(spec, Parts) else ""
-        return (f"{stage} would receive {element}{coming} as {dtype}, which this wire does "
-                f"not carry; make layer {first - 1} hand it on as one of "
-                f"{', '.join(str(d) for d in DTYPES if carrier(d) in carried)}")
-    if kind == "dtype":
-        source = "the input batch" if vs == 0 else f"the output of layer {first - 1}"
-        return (f"dtype mismatch: {stage} receives {coming} as {spec[1]}, but the first "
-                f"weights it meets are {DTYPES[expected]}; cast {source} to {DTYPES[expected]}")
-    fix = (f"Fix the model so that layer {first - 1}'s output fits layer {first}'s input" if vs
-           else f"Fix the input batch or layer {first}")
-    return (f"{stage} cannot take {coming}, of {_words(spec)}; its first layer "
-            f"expects {expected} features. {fix}")
-
-
 # ---- the check, on every rank ------------------------------------------------------------
 class StageCheck:
-    """`connect_stages`' probe, keeping this rank's first failure, and `agree`, which fails
-    every rank if any failed. `bounds[vs]`: the layers of each virtual stage."""
+    """`connect_stages`' probe, keeping this rank's first failure in words, and `agree`,
+    which fails every rank if any failed. `bounds[vs]`: the layers of each virtual stage."""
 
     def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2):
         self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
         self.carried, self.training, self.runs = carried, training, runs
-        self.failure, self.counted = None, False    # counted: the loss is (sum, count)
+        self.failure = None              # (virtual stage, what went wrong, the exception)
+        self.counted = False             # the loss is (sum, count)
 
     def probe(self, c, vs, spec):
         """Chunk c's output spec on an input of `spec`, or None after a failure here."""
         if self.failure is not None:
             return None
-        problem = (check_input(spec, self.carried if vs else None)
-                   or check_dtype(self.chunks[c], spec))
-        if problem is not None:
-            self.failure = Failure(vs, spec, *problem, "", None)
-            return None
-        since, chunk = time.time(), self.chunks[c]
-        try:
-            out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
-            self.counted = self.counted or counted
-            return out
-        except Exception as error:           # the user's model: any exception is its error
-            labels = self.labels if self.training else None
-            kind, expected, what = explain(chunk, spec, labels, error)
-            first, last = self.bounds[vs]
-            layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
-            text = (f"{_stage(vs, self.bounds, self.stages)} ({layers}) failed on "
-                    f"{_coming(vs, self.bounds, self.stages)}, of "
-                    f"{_words(spec)}: {what}{_compile_report(since)}")
-            self.failure = Failure(vs, spec, kind, expected, text, error)
-            return None
+        chunk, since, error = self.chunks[c], time.time(), None
+        problem = self.boundary_problem(chunk, vs, spec)
+        if problem is None:
+            try:
+                out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
+                self.counted = self.counted or counted
+                return out
+            except Exception as e:           # the user's model: any exception is its error
+                problem, error = self.explain(chunk, vs, spec, e, since), e
+        self.failure = vs, problem, error
+        return None
+
+    def boundary_problem(self, chunk, vs, spec):
+        """What the boundary cannot do, found before the forward runs: an element the wire
+        does not carry, an input of another float dtype than the first weights."""
+        k = unwired(spec, self.carried) if vs else None       # (the input batch: not carried)
+        if k is not None:
+            dtype = elements(spec)[k][1]
+            element = f"element {k} of " if isinstance(spec, Parts) else ""
+            carried = ", ".join(str(d) for d in DTYPES if carrier(d) in self.carried)
+            return (f"{self.stage(vs)} would receive {element}{self.coming(vs)} as {dtype}, "
+                    "which this wire does not carry; make layer "
+                    f"{self.bounds[vs][0] - 1} hand it on as one of {carried}")
+        weights = mismatched_weights(chunk, spec)
+        if weights is not None:
+            return self.dtype_text(vs, spec, weights)
+        return None
+
+    def explain(self, chunk, vs, spec, error, since):
+        """The `error` a stage's forward raised on `spec`, in words: the boundary's dtype or
+        shape when its first weighted layer cannot take the input, else the model's own error
+        with the piece that raised it."""
+        if isinstance(error, RandomLayer):
+            return self.model_text(vs, spec, str(error), since)
+        found = locate_failure(chunk, example(spec), self.labels if self.training else None)
+        if found is None:
+            return self.model_text(vs, spec, "compiling its forward failed (each layer ran "
+                                   f"alone): {first_line(error)}"
+                                   f"{HALF_HINT if is_half(chunk) else ''}", since)
+        k, where, cause = found
+        if not isinstance(spec, Parts):
+            first, weight = _first_weight(chunk)
+            layer = chunk.layers[k] if k < len(chunk.layers) else None
+            if k == first and spec[1] in FLOATS and spec[1] != weight.dtype and not is_half(chunk):
+                return self.dtype_text(vs, spec, weight.dtype)
+            if k == 0 and isinstance(layer, nn.Dense) and spec[0][-1] != layer.in_channels:
+                fix = (f"Fix the model so that layer {self.bounds[vs][0] - 1}'s output fits "
+                       f"layer {self.bounds[vs][0]}'s input" if vs
+                       else f"Fix the input batch or layer {self.bounds[vs][0]}")
+                return (f"{self.stage(vs)} cannot take {self.coming(vs)}, of {_words(spec)}; its "
+                        f"first layer expects {layer.in_channels} features. {fix}")
+        return self.model_text(vs, spec, f"{where}, raised {first_line(cause)}", since)
+
+    def dtype_text(self, vs, spec, weights):
+        source = "the input batch" if vs == 0 else f"the output of layer {self.bounds[vs][0] - 1}"
+        return (f"dtype mismatch: {self.stage(vs)} receives {self.coming(vs)} as {spec[1]}, but "
+                f"the first weights it meets are {weights}; cast {source} to {weights}")
+
+    def model_text(self, vs, spec, what, since):
+        first, last = self.bounds[vs]
+        layers = f"layer {first}" if last - first == 1 else f"layers {first} to {last - 1}"
+        return (f"{self.stage(vs)} ({layers}) failed on {self.coming(vs)}, of {_words(spec)}: "
+                f"{what}{_compile_report(since)}")
+
+    def stage(self, vs):
+        """"stage 2", or "virtual stage 2" when a stage holds several chunks."""
+        return f"stage {vs}" if len(self.bounds) == self.stages else f"virtual stage {vs}"
+
+    def coming(self, vs):
+        """What reaches virtual stage vs, in words."""
+        first = self.bounds[vs][0]
+        return ("the input batch" if vs == 0 else f"{self.stage(vs - 1)}'s output "
+                f"(the boundary between layers {first - 1} and {first})")
 
     def agree(self, wire, specs, last_stage_rank):
-        """One all-reduce of every rank's failure and of the model's output spec and
-        whether its loss is (sum, count) (from `last_stage_rank`); returns those two."""
-        rows = np.zeros((wire.size + 1, 3 + HEADER), np.int32)
-        failure = self.failure
-        if failure is not None:                     # +1: -1 pads sum to 0
-            rows[wire.rank] = [KINDS.index(failure.kind) + 1, failure.vs, failure.expected,
-                               *(write_header(failure.spec) + 1)]
+        """One all-reduce of where each rank failed, of the model's output spec and whether
+        its loss is (sum, count) (from `last_stage_rank`); returns those two. A failure is
+        told in full by the rank that found it, elsewhere as a line naming that rank."""
+        rows = np.zeros((wire.size + 1, 1 + HEADER), np.int32)     # +1: -1 pads sum to 0
+        if self.failure is not None:
+            rows[wire.rank, 0] = self.failure[0] + 1
         output = specs.get(len(self.bounds))
         if wire.rank == last_stage_rank and output is not None:
-            rows[wire.size] = [self.counted, 0, 0, *(write_header(output) + 1)]
+            rows[wire.size] = [self.counted, *(write_header(output) + 1)]
         rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
-        self._raise_failures(rows[:wire.size])
-        return read_header(rows[wire.size, 3:] - 1), bool(rows[wire.size, 0])
-
-    def _raise_failures(self, rows):
-        """A boundary's problem told in full everywhere; the model's own error in full
-        where it happened, elsewhere as a line naming that rank."""
-        failed = sorted({(int(r[1]), KINDS[r[0] - 1], int(r[2]), read_header(r[3:] - 1), rank)
-                         for rank, r in enumerate(rows) if r[0]})
-        if not failed:
-            return
-        told = [failure_text(vs, kind, expected, spec, self.bounds, self.stages, self.carried)
-                for vs, kind, expected, spec, _ in failed if kind in TOLD_IN_FULL]
-        mine = self.failure
-        if mine is not None and mine.kind == "model":
-            told.append(mine.text)
-        if told:
-            raise RuntimeError("check before the first step failed: " + "; ".join(told)) \
-                from (mine.error if mine is not None else None)
-        vs, _, _, _, rank = failed[0]
-        raise PeerFailed(f"the check before the first step failed on rank {rank} "
-                         f"({_stage(vs, self.bounds, self.stages)}): "
-                         f"rank {rank}'s error says why")
+        if self.failure is not None:
+            _, problem, error = self.failure
+            raise RuntimeError("check before the first step failed: " + problem) from error
+        failed = rows[:wire.size, 0]
+        if failed.any():
+            rank = int(np.argmax(failed > 0))
+            raise PeerFailed(f"the check before the first step failed on rank {rank} "
+                             f"({self.stage(int(failed[rank]) - 1)}): rank {rank}'s error says why")
+        return read_header(rows[wire.size, 1:] - 1), bool(rows[wire.size, 0])
 
 
 def agreed(wire, work, what="while building its stages"):
