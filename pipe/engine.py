@@ -312,10 +312,10 @@ class PipelineEngine:
         """What the config left to pipe (pipe.fast.defaults), chosen once at the first
         shapes by every rank's vote, and said in one line by rank 0."""
         choices = []
+        layers = [layer for chunk in self.chunks for layer in chunk.layers]
+        composite = most_of(self.wire, sum(map(is_composite, layers))) > 0
         if "defer_wgrad" in self.left:
-            layers = [layer for chunk in self.chunks for layer in chunk.layers]
             buffers = most_of(self.wire, len(self.layout.buffers)) > 0
-            composite = most_of(self.wire, sum(map(is_composite, layers))) > 0
             defer, why = choose_defer(self.config, buffers, composite)
             self.layout.defer(defer)
             self.schedule = self.layout.schedule
@@ -323,7 +323,7 @@ class PipelineEngine:
         if "one_graph" in self.left:
             specs = [p2p.specs[vs] for vs in self.layout.virtual_stages_held]
             flops = most_of(self.wire, action_flops(self.chunks, specs))
-            one_graph, why = choose_graph(self.config, flops)
+            one_graph, why = choose_graph(self.config, flops, composite)
             self.run_as(one_graph)
             choices.append(why)
         self.left = []

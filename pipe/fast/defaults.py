@@ -5,7 +5,8 @@ The choices change speed and memory, never the model trained. The rules, by meas
 memory is short, a layer holds buffers (batch norm), or a layer with weights is not an
 nn.Dense outside one stage's fp16 graph; the step as one graph unless it runs in fp32 on
 GPUs with messages between stages and actions long enough (HOST_BOUND_FLOPS) to hide the
-host's cost per call."""
+host's cost per call, and short enough in kernels: layers that are not nn.Dense on two
+stages run as one graph."""
 import math
 
 import mindspore as ms
@@ -51,8 +52,9 @@ def is_fp16_graph(config):
     return config.precision == "fp16" and config.one_graph is not False
 
 
-def choose_graph(config, flops):
-    """(whether to run the step as one graph, why); `flops`: the most any action computes."""
+def choose_graph(config, flops, composite=False):
+    """(whether to run the step as one graph, why); `flops`: the most any action computes;
+    `composite`: some rank has a layer with weights that is not an nn.Dense (many kernels)."""
     if is_fp16_graph(config):
         return True, "one graph per step (fp16: the weights are cast once per step, not per action)"
     if flops < HOST_BOUND_FLOPS:
@@ -63,6 +65,9 @@ def choose_graph(config, flops):
     if config.stages == 1:
         return True, (f"one graph per step (one stage, no messages: as fast as the loop at "
                       f"{flops / 1e9:.0f} GFLOP per action, as measured)")
+    if composite and config.stages == 2:
+        return True, ("one graph per step (two stages of layers that are not nn.Dense: the host "
+                      "issuing their many kernels per action bounds the loop, as measured)")
     return False, (f"the per-action loop ({flops / 1e9:.0f} GFLOP per action hides the host's "
                    "cost, and one graph with messages between stages measured slower in fp32 "
                    "there)")
