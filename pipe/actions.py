@@ -17,7 +17,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.layers import arguments, variable, with_sums
+from pipe.layers import variable, with_sums
 from pipe.schedule import message_key, message_tag
 from pipe.schedules import EVERY
 from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
@@ -108,9 +108,9 @@ class Actions(nn.Cell):
     """The handlers of one rank's actions (`program`) over the chunks of `layout` and the
     messages of `p2p`; `compiled`: built to be traced (messages as operators, work ordered by
     tokens). `data` is (inputs, labels, dropout masks per micro-batch and chunk, the loss
-    gradient's scale). With `infer`, F is predict's eval-mode forward."""
+    gradient's scale)."""
 
-    def __init__(self, layout, p2p, compiled, infer=False):
+    def __init__(self, layout, p2p, compiled):
         super().__init__(auto_prefix=False)
         chunks = layout.chunks
 
@@ -121,8 +121,6 @@ class Actions(nn.Cell):
         self.input_grads = each(lambda c: c.input_grad_cell)
         self.weight_grads = each(lambda c: c.weight_grad_cell)
         self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.layers.Buffers)
-        self.infers = each(lambda c: c.infer_cell)
-        self.infer = infer
         self.weight_inputs = tuple(c.weight_inputs for c in chunks)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
@@ -147,8 +145,6 @@ class Actions(nn.Cell):
 
     def run(self, state, step, data):
         """One Step of `program` on `state`; returns the state."""
-        if step.kind == "F" and self.infer:
-            return self.inference(state, step.mb, step.chunk, step.takes, step.puts, data)
         if step.kind == "F":
             return self.forward(state, step.mb, step.chunk, step.takes, step.puts, data)
         if step.kind == "B":
@@ -183,16 +179,6 @@ class Actions(nn.Cell):
         state["kept"][unit] = self.keep.kept(x, y, masks[unit], out, residuals, self.last[c])
         if self.last[c]:
             state["outputs"] = state["outputs"] + (out[0],)
-        else:
-            state["flight"][puts] = out
-        return state
-
-    def inference(self, state, mb, c, takes, puts, data):
-        """F of predict: chunk c's output in eval mode, keeping nothing."""
-        x = data[0][mb] if takes < 0 else take(state["flight"], takes)
-        out = self.infers[c](*arguments(x))
-        if self.last[c]:
-            state["outputs"] = state["outputs"] + (out,)
         else:
             state["flight"][puts] = out
         return state

@@ -3,6 +3,7 @@
 `Compiled` wraps a cell so that a call from Python runs one `jit` function's executor, made
 once (a `jit` construct would also pay the Cell's bookkeeping at every call), while a graph
 that traces it sees the cell itself."""
+from functools import lru_cache
 from itertools import count
 
 import mindspore as ms
@@ -10,7 +11,7 @@ from mindspore import nn
 
 from pipe.private import jit_executor
 
-__all__ = ["Compiled", "executor"]
+__all__ = ["Compiled", "executor", "scalar"]
 
 NAMES = count()                          # each executor's own name in MindSpore's compile cache
 
@@ -36,3 +37,10 @@ class Compiled(nn.Cell):
 
     def construct(self, *args):
         return self.cell(*args)
+
+
+@lru_cache(maxsize=16)
+def scalar(value):
+    """`value` as the float32 tensor a compiled call takes, made once per value (a loss scale
+    moves by halving and doubling: a few values)."""
+    return ms.Tensor(value, ms.float32)

@@ -16,7 +16,7 @@ import mindspore as ms
 
 from pipe.actions import Actions
 from pipe.batch import as_tensor, split
-from pipe.compiled import Compiled
+from pipe.compiled import Compiled, scalar
 from pipe.fast.defaults import (LEFT, action_flops, announce, choose_defer, choose_graph,
                                 is_composite, most_of)
 from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
@@ -102,7 +102,6 @@ class PipelineEngine:
         self.built = {}                  # batch shapes -> Built: agreed and built once each
         # predict's batch shapes -> (handlers, messages, output spec)
         self.predicting = {}
-        self.scale = None                # (value, tensor): the loss gradient's scale
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.ops.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window, [
@@ -191,13 +190,10 @@ class PipelineEngine:
         return (*replica_rows(batch), masks, scale, inverse, counted_labels(batch, counter))
 
     def loss_grad_scale(self, counter):
-        """The loss gradient's scale as a tensor, made anew only when it changes:
-        `mean_weight` for a scalar loss (a (sum, count) loss divides by its count on the device),
-        x S in fp16."""
-        value = (self.scaler.value if self.scaler else 1.0) * (1.0 if counter else self.mean_weight)
-        if self.scale is None or self.scale[0] != value:
-            self.scale = value, ms.Tensor(value, ms.float32)
-        return self.scale[1]
+        """The loss gradient's scale as a tensor: `mean_weight` for a scalar loss (a (sum, count)
+        loss divides by its count on the device), x S in fp16."""
+        return scalar((self.scaler.value if self.scaler else 1.0) *
+                      (1.0 if counter else self.mean_weight))
 
     def update_weights(self, grads):
         """Sum over the replicas, unscale (fp16), sum tied copies, clip, step."""

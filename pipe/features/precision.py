@@ -10,7 +10,7 @@ halves S; after `window` clean steps S doubles (DynamicLossScaleUpdateCell's rul
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.compiled import Compiled
+from pipe.compiled import Compiled, scalar
 
 __all__ = ["LossScaler", "Unscale", "float16_gradients", "LogitsAsFloat32", "GradAsFloat16",
            "computes_half", "forward_piece", "backward_piece", "to_half", "check_layer_precision",
@@ -138,13 +138,10 @@ class LossScaler:
         self.value, self.window = float(value), window
         self.clean = 0                   # steps since the last overflow or growth
         self.unscale_cell = Compiled(Unscale(half))
-        self.inverse_of = None           # (S, 1/S as a tensor), made anew when S moves
 
     def inverse(self):
         """1 / S as a tensor, what `Unscale` multiplies by (in the loop or the step's graph)."""
-        if self.inverse_of is None or self.inverse_of[0] != self.value:
-            self.inverse_of = self.value, ms.Tensor(1.0 / self.value, ms.float32)
-        return self.inverse_of[1]
+        return scalar(1.0 / self.value)
 
     def unscale(self, wire, grads):
         """(`grads` / S, whether the optimizer may step), one all-reduce of the overflow flag

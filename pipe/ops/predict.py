@@ -3,13 +3,14 @@ chunk in turn with the layers in eval mode (no dropout, batch norm from its stat
 from dataclasses import replace
 
 import numpy as np
-from mindspore import ops
+from mindspore import nn, ops
 
-from pipe.actions import Actions
+from pipe.actions import Actions, take
 from pipe.batch import MicroBatches
+from pipe.layers import arguments
 from pipe.schedule import Action, lower
 
-__all__ = ["forward_only", "split_for_predict", "predict"]
+__all__ = ["forward_only", "split_for_predict", "predict", "Predicting"]
 
 
 def forward_only(schedule):
@@ -17,6 +18,23 @@ def forward_only(schedule):
     P, M, v = schedule.stages, schedule.micro_batches, schedule.chunks_per_stage
     F = [Action("F", m, c) for c in range(v) for m in range(M)]
     return lower(type(schedule)("forward-only", P, M, [list(F) for _ in range(P)], v))
+
+
+class Predicting(Actions):
+    """The training step's handlers with F as predict's: eval mode, keeping nothing."""
+
+    def __init__(self, layout, p2p):
+        super().__init__(layout, p2p, compiled=False)
+        self.infers = nn.CellList([c.infer_cell for c in layout.chunks], auto_prefix=False)
+
+    def forward(self, state, mb, c, takes, puts, data):
+        x = data[0][mb] if takes < 0 else take(state["flight"], takes)
+        out = self.infers[c](*arguments(x))
+        if self.last[c]:
+            state["outputs"] = state["outputs"] + (out,)
+        else:
+            state["flight"][puts] = out
+        return state
 
 
 def split_for_predict(config, inputs):
@@ -38,7 +56,7 @@ def predict(engine, inputs, broadcast):
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
         p2p = engine.agree_shapes(batch, training=False)
         layout = replace(engine.layout, schedule=schedule)
-        actions = Actions(layout, p2p, compiled=False, infer=True)
+        actions = Predicting(layout, p2p)
         engine.predicting[batch.shapes] = actions, p2p, engine.output_spec
     actions, p2p, output_spec = engine.predicting[batch.shapes]
     for chunk in engine.chunks:
