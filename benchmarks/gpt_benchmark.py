@@ -42,7 +42,7 @@ from pipe.ops import cli  # noqa: E402
 from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                           add_speed_flags, positive_int, precision_name, use_device)
 from pipe.ops.trace import Tracer  # noqa: E402
-from pipe.schedules import SCHEDULES  # noqa: E402
+from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
 
 
 def add_model_flags(p):
@@ -273,15 +273,11 @@ def split(args, step, device, step_seconds):
 
 
 def partition(args):
-    """pipe's partition of the embedding, the blocks and the head: "uniform", or layer counts
-    per stage that split the blocks evenly."""
+    """pipe's partition of the embedding, the blocks and the head: "uniform", or the blocks
+    split evenly (examples/gpt/model.py's `even_blocks`) over the virtual stages."""
     if args.partition == "uniform":
         return "uniform"
-    P = args.stages
-    counts = [args.layers * (s + 1) // P - args.layers * s // P for s in range(P)]
-    counts[0] += 1
-    counts[-1] += 1
-    return counts
+    return gpt.even_blocks(args.layers, args.stages * CHUNKS_PER_STAGE.get(args.schedule, 1))
 
 
 def count_params(params):

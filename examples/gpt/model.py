@@ -236,6 +236,19 @@ def gpt_layers(layers=4, width=64, heads=4, context=max(BUCKETS), tied=True):
             [lambda: block(width, heads) for _ in range(layers)] + [last])
 
 
+def even_blocks(blocks, stages):
+    """Layers per (virtual) stage for `gpt_layers`: the blocks split evenly, the embedding
+    with the first stage and the head with the last (Megatron's and torch's split; pipe's
+    "uniform" counts the embedding and the head as blocks). "uniform" when a stage would
+    get no block."""
+    if stages > blocks:
+        return "uniform"
+    counts = [blocks * (s + 1) // stages - blocks * s // stages for s in range(stages)]
+    counts[0] += 1
+    counts[-1] += 1
+    return counts
+
+
 class TokenLoss(nn.Cell):
     """(logits, targets) -> (summed cross-entropy over targets that are not IGNORE, their count)."""
 

@@ -70,6 +70,7 @@ def train(args, wire=None):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     device = use_device(args.device, args.memory_plan)
     config = config_from(args, device=device)     # every flag named after a config field
+    config.partition = model.even_blocks(args.layers, config.stages * config.chunks_per_stage)
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)
     say = print if engine.wire.rank == 0 else (lambda *a, **k: None)
