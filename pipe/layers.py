@@ -171,20 +171,24 @@ def with_sums(sums, grads, first_sum):
 
 
 class Backward(nn.Cell):
-    """(dy, *residuals) -> (dx, this micro-batch's weight gradients)."""
+    """(dy, *residuals) -> (dx, what the layers' backward pieces give beside dx, in layer
+    order): B's, this micro-batch's weight gradients, summed per weight at `positions`;
+    I's (pipe.split_backward, no `positions`), what W will read."""
 
-    def __init__(self, layer_grads, positions):
+    def __init__(self, layer_grads, positions=None):
         super().__init__(auto_prefix=False)
         self.reversed_grads = nn.CellList(layer_grads)
         self.positions = positions
 
     @ms.jit
     def construct(self, dy, *residuals):     # as *args: MindSpore 2.10 cannot
-        grads = ()                            # differentiate at a tuple's element
+        given = ()                            # differentiate at a tuple's element
         for layer_grad in self.reversed_grads:
-            dy, dw = layer_grad(residuals[layer_grad.residual], dy)
-            grads = dw + grads
-        return dy, per_weight(grads, self.positions)
+            dy, out = layer_grad(residuals[layer_grad.residual], dy)
+            given = out + given
+        if self.positions is None:
+            return dy, given
+        return dy, per_weight(given, self.positions)
 
 
 class Infer(nn.Cell):

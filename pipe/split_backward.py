@@ -8,8 +8,8 @@ norm's backward gives dx and its weight gradients at once: I keeps those, W sums
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.layers import (Differentiable, LayerGrad, arguments, gradient_positions, has_bool,
-                         per_weight)
+from pipe.layers import (Backward, Differentiable, LayerGrad, arguments, gradient_positions,
+                         has_bool, per_weight)
 
 __all__ = ["split_cells", "rows_of"]
 
@@ -43,21 +43,6 @@ class LayerInputGrad(nn.Cell):
         return (dx if isinstance(x, tuple) else dx[0]), stash
 
 
-class InputGrad(nn.Cell):
-    """I: (dy, *residuals) -> (dx, output gradients of the layers with weights)."""
-
-    def __init__(self, layer_grads):
-        super().__init__(auto_prefix=False)
-        self.reversed_grads = nn.CellList(layer_grads)
-
-    def construct(self, dy, *residuals):
-        stashed = ()
-        for layer_grad in self.reversed_grads:
-            dy, stash = layer_grad(residuals[layer_grad.residual], dy)
-            stashed = stash + stashed
-        return dy, stashed
-
-
 class WeightGrad(nn.Cell):
     """W: (per micro-batch, what I left waiting) -> the weight gradients over all their rows."""
 
@@ -89,8 +74,8 @@ class WeightGrad(nn.Cell):
 
 
 def split_cells(chunk):
-    """The chunk's I and W cells."""
-    return (InputGrad(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
+    """The chunk's I (a Backward of LayerInputGrads: dx, and what W needs) and W cells."""
+    return (Backward(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
             WeightGrad(chunk.layers, chunk.residual_of))
 
 
