@@ -136,17 +136,24 @@ def last_first(grads, residual_of):
 
 
 def gradient_positions(layers):
-    """Per distinct parameter, its gradients' positions in the layers' list (a shared one: 2)."""
+    """Per distinct parameter, its gradients' positions in the layers' list (a shared one: 2);
+    None when no parameter is shared (nothing to sum: the graph gathers nothing, which
+    compiles a chunk's backward in two thirds of the time)."""
     positions, k = {}, 0
     for layer in layers:
         for p in layer.trainable_params():
             positions.setdefault(id(p), []).append(k)
             k += 1
+    if all(len(ks) == 1 for ks in positions.values()):
+        return None
     return tuple(tuple(ks) for ks in positions.values())
 
 
 def per_weight(grads, positions):
-    """Each weight's gradient: the sum of the layers' gradients at positions[u]."""
+    """Each weight's gradient: the sum of the layers' gradients at positions[u] (None: the
+    layers' gradients are the weights')."""
+    if positions is None:
+        return grads
     summed = ()
     for u in range(len(positions)):
         total = grads[positions[u][0]]
@@ -156,13 +163,14 @@ def per_weight(grads, positions):
     return summed
 
 
+ADD_EACH = ops.HyperMap()
+
+
 @ms.jit
 def add_grads(sums, grads):
-    """sums + grads, outside the backward (which then compiles once, not twice)."""
-    out = ()
-    for u in range(len(sums)):
-        out = out + (sums[u] + grads[u],)
-    return out
+    """sums + grads, outside the backward (which then compiles once, not twice); a HyperMap,
+    which compiles in a tenth of the time of a loop over the tensors."""
+    return ADD_EACH(ops.add, sums, grads)
 
 
 def with_sums(sums, grads, first_sum):
@@ -172,8 +180,8 @@ def with_sums(sums, grads, first_sum):
 
 class Backward(nn.Cell):
     """(dy, *residuals) -> (dx, what the layers' backward pieces give beside dx, in layer
-    order): B's, this micro-batch's weight gradients, summed per weight at `positions`;
-    I's (pipe.split_backward, no `positions`), what W will read."""
+    order): B's, this micro-batch's weight gradients, summed per weight at `positions`
+    (gradient_positions); I's (pipe.split_backward, no `positions`), what W will read."""
 
     def __init__(self, layer_grads, positions=None):
         super().__init__(auto_prefix=False)
@@ -186,8 +194,6 @@ class Backward(nn.Cell):
         for layer_grad in self.reversed_grads:
             dy, out = layer_grad(residuals[layer_grad.residual], dy)
             given = out + given
-        if self.positions is None:
-            return dy, given
         return dy, per_weight(given, self.positions)
 
 
