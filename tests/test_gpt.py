@@ -186,3 +186,14 @@ def test_the_benchmarks_depth_compiles_as_one_graph_at_four_micro_batches_with_w
     got = {n: p.asnumpy() for n, p in engine.parameters_dict().items()}
     assert max(float(abs(got[n] - weights[n]).max()) for n in weights) < 2e-5
     assert losses == pytest.approx(plain_losses, rel=1e-5)
+
+
+def test_the_example_splits_its_blocks_evenly_with_the_embedding_first_and_the_head_last():
+    """examples/gpt's `even_blocks`: layer counts per (virtual) stage for Embed, the blocks
+    and the head, as Megatron and torch split a transformer; "uniform" when a stage would
+    get no block."""
+    assert gpt.even_blocks(12, 4) == [4, 3, 3, 4]
+    assert gpt.even_blocks(4, 2) == [3, 3]
+    assert gpt.even_blocks(12, 1) == [14]
+    assert gpt.even_blocks(5, 4) == [2, 1, 1, 3]     # the extra block to the last stages
+    assert gpt.even_blocks(2, 4) == "uniform"
