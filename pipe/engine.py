@@ -156,7 +156,8 @@ class PipelineEngine:
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
         counter = built.counter
         if not self.one_graph:
-            scale, count = counter(as_tensor(batch.source[1]), scale) if counter else (scale, None)
+            scale, count = counter(counted_labels(batch, counter), scale) if counter else \
+                (scale, None)
             actions = built.step
             start = actions.start(self.memory.store("kept", batch.shapes),
                                   self.memory.store("waiting", batch.shapes))

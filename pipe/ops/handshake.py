@@ -165,13 +165,13 @@ def unwired(spec, carried):
 
 
 def mismatched_weights(chunk, spec):
-    """The first weights' dtype when the chunk's first layer has weights of another float
-    dtype than its input, found before a failed compile prints pages; else None."""
+    """(the first weighted layer's index, its weights' dtype) when the input is a float of
+    another dtype than those weights; else None."""
     if isinstance(spec, Parts) or is_half(chunk):
         return None
     first, weight = _first_weight(chunk)
-    if first == 0 and spec[1] in FLOATS and spec[1] != weight.dtype:
-        return weight.dtype
+    if weight is not None and spec[1] in FLOATS and spec[1] != weight.dtype:
+        return first, weight.dtype
     return None
 
 
@@ -228,9 +228,9 @@ class StageCheck:
             return (f"{self.stage(vs)} would receive {element}{self.coming(vs)} as {dtype}, "
                     "which this wire does not carry; make layer "
                     f"{self.bounds[vs][0] - 1} hand it on as one of {carried}")
-        weights = mismatched_weights(chunk, spec)
-        if weights is not None:
-            return self.dtype_text(vs, spec, weights)
+        mismatch = mismatched_weights(chunk, spec)    # found before a failed compile's pages
+        if mismatch is not None and mismatch[0] == 0:
+            return self.dtype_text(vs, spec, mismatch[1])
         return None
 
     def explain(self, chunk, vs, spec, error, since):
@@ -245,11 +245,11 @@ class StageCheck:
                                    f"alone): {first_line(error)}"
                                    f"{HALF_HINT if is_half(chunk) else ''}", since)
         k, where, cause = found
+        mismatch = mismatched_weights(chunk, spec)
+        if mismatch is not None and mismatch[0] == k:
+            return self.dtype_text(vs, spec, mismatch[1])
         if not isinstance(spec, Parts):
-            first, weight = _first_weight(chunk)
             layer = chunk.layers[k] if k < len(chunk.layers) else None
-            if k == first and spec[1] in FLOATS and spec[1] != weight.dtype and not is_half(chunk):
-                return self.dtype_text(vs, spec, weight.dtype)
             if k == 0 and isinstance(layer, nn.Dense) and spec[0][-1] != layer.in_channels:
                 fix = (f"Fix the model so that layer {self.bounds[vs][0] - 1}'s output fits "
                        f"layer {self.bounds[vs][0]}'s input" if vs

@@ -3,11 +3,10 @@ chunk in turn with the layers in eval mode (no dropout, batch norm from its stat
 from dataclasses import replace
 
 import numpy as np
-from mindspore import nn, ops
+from mindspore import ops
 
 from pipe.actions import Actions, take
 from pipe.batch import MicroBatches
-from pipe.layers import arguments
 from pipe.schedule import Action, lower
 
 __all__ = ["forward_only", "split_for_predict", "predict", "Predicting"]
@@ -25,11 +24,11 @@ class Predicting(Actions):
 
     def __init__(self, layout, p2p):
         super().__init__(layout, p2p, compiled=False)
-        self.infers = nn.CellList([c.infer_cell for c in layout.chunks], auto_prefix=False)
+        self.chunks = layout.chunks
 
     def forward(self, state, mb, c, takes, puts, data):
         x = data[0][mb] if takes < 0 else take(state["flight"], takes)
-        out = self.infers[c](*arguments(x))
+        out = self.chunks[c].infer(x)
         if self.last[c]:
             state["outputs"] = state["outputs"] + (out,)
         else:
