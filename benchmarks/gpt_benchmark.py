@@ -223,12 +223,14 @@ def pipe_step(args, device):
                             tf32=args.tf32, defer_wgrad=args.defer_wgrad, one_graph=args.one_graph)
     engine = PipelineEngine(layers(args), gpt.TokenLoss(), lambda ps: nn.Adam(ps, 1e-4), config)
     ids, targets = map(ms.Tensor, data(args))
-    engine.train_step(ids, targets)      # (pipe makes its choices at the first step)
+    start = time.perf_counter()          # the first step: the check before it, every compile,
+    engine.train_step(ids, targets)      # pipe's choices
+    first = time.perf_counter() - start
     params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
         engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
     chose = {"defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph, **place,
-             "impl": "pipe-graph" if engine.one_graph else "pipe"}
+             "impl": "pipe-graph" if engine.one_graph else "pipe", "first_step_s": round(first, 2)}
 
     def step():
         return engine.train_step(ids, targets)
@@ -322,7 +324,9 @@ def run(args, wait):
         print(f"{args.impl} {precision_name(args)} {layout} "
               f"(defer_wgrad={chose['defer_wgrad']}, one_graph={chose['one_graph']}): "
               f"{best * 1e3:.1f} ms per step, {tokens / best:,.0f} tokens/s, peak "
-              f"{peak_memory(device) / 2**30:.2f} GiB", flush=True)
+              f"{peak_memory(device) / 2**30:.2f} GiB" +
+              (f", first step {chose['first_step_s']:.1f} s" if "first_step_s" in chose else ""),
+              flush=True)
 
 
 if __name__ == "__main__":
