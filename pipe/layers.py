@@ -137,8 +137,8 @@ def last_first(grads, residual_of):
 
 def gradient_positions(layers):
     """Per distinct parameter, its gradients' positions in the layers' list (a shared one: 2);
-    None when no parameter is shared (nothing to sum: the graph gathers nothing, which
-    compiles a chunk's backward in two thirds of the time)."""
+    None when no parameter is shared: nothing to sum, and no gather to compile
+    (docs/performance.md, "Time to the first step")."""
     positions, k = {}, 0
     for layer in layers:
         for p in layer.trainable_params():
@@ -168,8 +168,8 @@ ADD_EACH = ops.HyperMap()
 
 @ms.jit
 def add_grads(sums, grads):
-    """sums + grads, outside the backward (which then compiles once, not twice); a HyperMap,
-    which compiles in a tenth of the time of a loop over the tensors."""
+    """sums + grads, outside the backward (which then compiles once, not twice); one
+    HyperMap, which compiles faster than a loop over the tensors (docs/performance.md)."""
     return ADD_EACH(ops.add, sums, grads)
 
 
