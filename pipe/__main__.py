@@ -3,7 +3,6 @@ or compare every schedule for one P, M and set of costs.
 
     python -m pipe --schedule zb-h1 --stages 4 --micro-batches 8
     python -m pipe --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
-    python -m pipe --schedule 1f1b --stages 2 --micro-batches 8 --measured trace.json
 
 Memory is counted per stage in micro-batches of a whole stage's activations, from F until
 the last backward piece; `--defer-wgrad` runs every W at the flush (`W*`)."""
@@ -12,8 +11,7 @@ import sys
 from pipe import schedules
 from pipe.config import PipelineConfig, as_flags
 from pipe.ops.cli import Parser
-from pipe.ops.simulator import (Deadlock, checked_schedule, format_table, measured_bubble,
-                                measured_costs, simulate)
+from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate
 
 
 def peaks(schedule):
@@ -46,17 +44,15 @@ def compare(stages, micro_batches, chunks_per_stage, cost, defer_wgrad):
               + " ".join(f"{p:g}" for p in peaks(schedule)))
 
 
-def show(schedule, cost, lowered, traced=None):
-    """One schedule: its table and bubble, memory and messages; beside the bubble the one
-    measured in the trace the costs came from."""
+def show(schedule, cost, lowered):
+    """One schedule: its table and bubble, memory and messages."""
     timeline = simulate(schedule, schedules.action_costs(schedule, *cost), eager_sends=True)
     print(format_table(schedule, timeline))
     print(f"\ncosts: F={cost[0]:g} I={cost[1]:g} W={cost[2]:g} "
           f"({'I and W separate' if schedules.splits_backward(schedule) else 'B = I + W'}"
           + ("; W* at the flush, all micro-batches at once)" if schedules.defers_wgrad(schedule)
              else ")"))
-    print(f"bubble: {timeline.bubble:.4f}" + (f" (measured in the trace: {traced:.4f})"
-                                              if traced is not None else ""))
+    print(f"bubble: {timeline.bubble:.4f}")
     print("peak memory per stage (micro-batches, F until the last backward piece):",
           " ".join(f"{p:g}" for p in peaks(schedule)))
     for stage, actions in enumerate(schedule.actions):
@@ -76,7 +72,6 @@ def main(argv=None):
     p.add_argument("--chunks-per-stage", type=int, help="model chunks per stage (interleaved: 2)")
     p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "I", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
-    p.add_argument("--measured", metavar="TRACE", help="take F/I/W costs from a recorded trace")
     p.add_argument("--defer-wgrad", action="store_true",
                    help="weight gradients at the flush, one W* per chunk over all micro-batches")
     p.add_argument("--lowered", action="store_true", help="also print every stage's action list")
@@ -87,10 +82,8 @@ def main(argv=None):
                                 schedule=name, chunks_per_stage=args.chunks_per_stage,
                                 batch_size=args.micro_batches)
         config.check()
-        cost = measured_costs(args.measured) if args.measured else args.cost
-        traced = measured_bubble(args.measured) if args.measured else None
         if args.schedule == "all":
-            return compare(args.stages, args.micro_batches, config.chunks_per_stage, cost,
+            return compare(args.stages, args.micro_batches, config.chunks_per_stage, args.cost,
                            args.defer_wgrad)
         schedule = checked_schedule(args.schedule, args.stages, args.micro_batches,
                                     config.chunks_per_stage, args.defer_wgrad)
@@ -99,7 +92,7 @@ def main(argv=None):
         raise SystemExit(2)
     except Deadlock as e:
         raise SystemExit(str(e))
-    show(schedule, cost, args.lowered, traced)
+    show(schedule, args.cost, args.lowered)
 
 
 if __name__ == "__main__":

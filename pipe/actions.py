@@ -171,14 +171,22 @@ class Actions(nn.Cell):
         output handed on or, on the last chunk, its loss kept."""
         inputs, labels, masks, scale = data
         unit = mb * self.count + c               # this micro-batch on chunk c
-        x = inputs[mb] if takes < 0 else take(state["flight"], takes)
-        x = variable(self.order(x, state["done"]))
+        x = variable(self.order(self.arrived(state, inputs, mb, takes), state["done"]))
         y = labels[mb] if self.last[c] else self.no_labels
         out, residuals = self.forwards[c](x, y, scale, masks[unit])
         state["done"] = self.order(state["done"], out)
         state["kept"][unit] = self.keep.kept(x, y, masks[unit], out, residuals, self.last[c])
+        return self.hand_on(state, c, puts, out, out[0] if self.last[c] else None)
+
+    def arrived(self, state, inputs, mb, takes):
+        """F's input: the batch's rows of micro-batch mb, or the tensor in flight `takes`."""
+        return inputs[mb] if takes < 0 else take(state["flight"], takes)
+
+    def hand_on(self, state, c, puts, out, output):
+        """F's output `out` in flight for the next chunk, or on the model's last chunk
+        `output` (its loss) among the step's outputs."""
         if self.last[c]:
-            state["outputs"] = state["outputs"] + (out[0],)
+            state["outputs"] = state["outputs"] + (output,)
         else:
             state["flight"][puts] = out
         return state

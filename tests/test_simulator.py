@@ -1,12 +1,19 @@
-"""The simulator replays blocking messages and names the stages of a deadlock."""
+"""The simulator replays blocking messages and names the stages of a deadlock; a recorded
+trace's costs and bubble (benchmarks/trace_bubble.py)."""
 import json
+import os
+import sys
 from dataclasses import replace
 
 import pytest
 
-from pipe.ops.simulator import Deadlock, checked_schedule, measured_bubble, measured_costs, simulate
+from pipe.ops.simulator import Deadlock, checked_schedule, simulate
 from pipe.schedule import Action, Schedule, lower
 from pipe.schedules import SCHEDULES, make_schedule
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import trace_bubble  # noqa: E402
 
 
 def test_receive_without_send_is_a_deadlock():
@@ -83,11 +90,11 @@ def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
               span("F0", 1, 3000, 2000), span("I0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    assert measured_costs(trace) == (2.0, 2.0, 4.0)
-    assert measured_bubble(trace) == pytest.approx(1 - 12000 / (2 * 11000))
-    from pipe.__main__ import main
-    main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1", "--measured", str(trace)])
-    assert "bubble: 0.3333 (measured in the trace: 0.4545)\n" in capsys.readouterr().out
+    assert trace_bubble.measured_costs(trace) == (2.0, 2.0, 4.0)
+    assert trace_bubble.measured_bubble(trace) == pytest.approx(1 - 12000 / (2 * 11000))
+    trace_bubble.main([str(trace), "--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1"])
+    assert capsys.readouterr().out == ("costs (ms): F=2 I=2 W=4\n"
+                                       "bubble: 0.3333 simulated, 0.4545 in the trace\n")
 
 
 def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
@@ -100,5 +107,5 @@ def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
               span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    assert measured_costs(trace) == (2.0, 1.0, 3.0)
-    assert measured_bubble(trace) == pytest.approx(1 - 22000 / (2 * 14000))
+    assert trace_bubble.measured_costs(trace) == (2.0, 1.0, 3.0)
+    assert trace_bubble.measured_bubble(trace) == pytest.approx(1 - 22000 / (2 * 14000))

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 from mindspore import ops
 
-from pipe.actions import Actions, take
+from pipe.actions import Actions
 from pipe.batch import MicroBatches
 from pipe.schedule import Action, lower
 
@@ -27,13 +27,8 @@ class Predicting(Actions):
         self.chunks = layout.chunks
 
     def forward(self, state, mb, c, takes, puts, data):
-        x = data[0][mb] if takes < 0 else take(state["flight"], takes)
-        out = self.chunks[c].infer(x)
-        if self.last[c]:
-            state["outputs"] = state["outputs"] + (out,)
-        else:
-            state["flight"][puts] = out
-        return state
+        out = self.chunks[c].infer(self.arrived(state, data[0], mb, takes))
+        return self.hand_on(state, c, puts, out, out)
 
 
 def split_for_predict(config, inputs):

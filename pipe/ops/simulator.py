@@ -9,7 +9,7 @@ from pipe.schedule import lower, message_key
 from pipe.schedules import make_schedule, micro_batches_of
 
 __all__ = ["simulate", "Timeline", "Deadlock", "format_table", "format_position",
-           "checked_schedule", "measured_costs", "measured_bubble"]
+           "checked_schedule"]
 
 
 class Deadlock(RuntimeError):
@@ -151,36 +151,3 @@ def checked_schedule(name, stages, micro_batches, chunks_per_stage=1, defer_wgra
     schedule = lower(make_schedule(name, stages, micro_batches, chunks_per_stage, defer_wgrad))
     simulate(schedule)
     return schedule
-
-
-def _compute_spans(trace_path):
-    """The F, B, I and W spans of a recorded trace (pipe.ops.trace)."""
-    import json
-    import re
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    action = re.compile(r"[FBIW](\d+|\*)(:\d+)?")
-    return [e for e in events if e["ph"] == "X" and action.fullmatch(e["name"])]
-
-
-def measured_costs(trace_path):
-    """(F, I, W) median durations per micro-batch in a recorded trace (a `W*` counts for
-    every micro-batch; without I and W, B stands for I and W is 0)."""
-    import statistics
-    spans = _compute_spans(trace_path)
-    micro_batches = len({e["name"].split(":")[0] for e in spans if e["name"][0] == "F"})
-
-    def median(kind, share=1):
-        durations = [e["dur"] / share for e in spans if e["name"][0] == kind]
-        return statistics.median(durations) / 1e3 if durations else 0.0
-    deferred = any(e["name"].startswith("W*") for e in spans)
-    return median("F"), median("I") or median("B"), median("W", micro_batches if deferred else 1)
-
-
-def measured_bubble(trace_path):
-    """The recorded step's bubble: the fraction of stage-time no F, B, I or W ran."""
-    spans = _compute_spans(trace_path)
-    start = min(e["ts"] for e in spans)
-    end = max(e["ts"] + e["dur"] for e in spans)
-    stages = {e["pid"] for e in spans}
-    return 1 - sum(e["dur"] for e in spans) / (len(stages) * (end - start))

@@ -8,13 +8,12 @@ Each span waits for the device before it is stamped (on CPU run PyNative synchro
 with `wait_for_device=False` a span is the host's time issuing the action."""
 import json
 import os
-import statistics
 import time
 from contextlib import contextmanager
 
 import mindspore as ms
 
-__all__ = ["Tracer", "host_costs", "merge_traces"]
+__all__ = ["Tracer", "merge_traces"]
 
 
 class Tracer:
@@ -37,15 +36,6 @@ class Tracer:
         meta = {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": self.label}}
         with open(path, "w") as f:
             json.dump({"traceEvents": [meta] + self.events}, f)
-
-
-def host_costs(events):
-    """{action kind: median microseconds} over recorded spans ("F3", "sB1:1" -> "F", "sB")."""
-    spans = {}
-    for event in events:
-        kind = event["name"].split(":")[0].rstrip("0123456789")
-        spans.setdefault(kind, []).append(event["dur"])
-    return {kind: round(statistics.median(durations)) for kind, durations in spans.items()}
 
 
 def merge_traces(parts, path):
