@@ -27,7 +27,7 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
 from builtin_pipeline import builtin_train_step, mixed_precision_step, set_parallel_context  # noqa: E402
-from timing import median_windows  # noqa: E402
+from timing import host_costs, median_windows  # noqa: E402
 from train import build_model  # noqa: E402
 
 from pipe.config import PipelineConfig  # noqa: E402
@@ -36,7 +36,7 @@ from pipe.features.precision import set_matmul_precision  # noqa: E402
 from pipe.ops import cli  # noqa: E402
 from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                           add_speed_flags, positive_int, precision_name, use_device)
-from pipe.ops.trace import Tracer, host_costs, merge_traces  # noqa: E402
+from pipe.ops.trace import Tracer, merge_traces  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402
 
 

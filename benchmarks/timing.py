@@ -5,7 +5,8 @@ import os
 import statistics
 import time
 
-__all__ = ["median_windows", "in_turn", "print_against_first", "add_turn_flags", "turn"]
+__all__ = ["median_windows", "host_costs", "in_turn", "print_against_first", "add_turn_flags",
+           "turn"]
 
 
 def median_windows(step, warmup, steps, repeats, before=lambda: None, warmed=lambda: None):
@@ -25,6 +26,16 @@ def median_windows(step, warmup, steps, repeats, before=lambda: None, warmed=lam
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
     return medians
+
+
+def host_costs(events):
+    """{action kind: median microseconds} over a pipe.ops.trace Tracer's spans ("F3",
+    "sB1:1" -> "F", "sB")."""
+    spans = {}
+    for event in events:
+        kind = event["name"].split(":")[0].rstrip("0123456789")
+        spans.setdefault(kind, []).append(event["dur"])
+    return {kind: round(statistics.median(durations)) for kind, durations in spans.items()}
 
 
 def in_turn(steps, rounds, warmup=10):

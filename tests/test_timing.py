@@ -1,4 +1,5 @@
-"""benchmarks/timing.py's turns: processes compile side by side, and are timed one at a time."""
+"""benchmarks/timing.py: its turns (processes compile side by side, and are timed one at a
+time) and what the benchmark reads from a recorded step."""
 import os
 import sys
 import threading
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from timing import turn  # noqa: E402
+from timing import host_costs, turn  # noqa: E402
 
 
 def test_a_process_is_timed_only_after_the_one_before_it_ends(tmp_path):
@@ -36,3 +37,9 @@ def test_without_turns_nothing_waits_and_nothing_is_written(tmp_path, monkeypatc
     with turn(SimpleNamespace(turns=None, turn=3)) as wait:
         wait()
     assert os.listdir(tmp_path) == []
+
+
+def test_host_costs_are_medians_per_action_kind():
+    spans = [("F0", 300), ("F1", 100), ("F2", 200), ("sB1:1", 40), ("sB0:1", 60), ("optimizer", 900)]
+    events = [{"name": name, "dur": dur} for name, dur in spans]
+    assert host_costs(events) == {"F": 200, "sB": 50, "optimizer": 900}
