@@ -1,12 +1,11 @@
 """The wire: send and receive by peer and tag, and all-reduce: MindSpore's ops over NCCL or
 HCCL (`msrun`), or on CPU mpi4py (`mpiexec`), its sends synchronous as NCCL's."""
-import os
 import time
 
 import mindspore as ms
 import numpy as np
 
-__all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "connect", "MpiWire",
+__all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "MpiWire",
            "MindSporeWire", "SoloWire", "PointToPoint", "Parts", "spec_of", "example",
            "write_header", "read_header", "elements", "travels", "carrier", "sum_over"]
 
@@ -120,15 +119,6 @@ class MindSporeWire:
         name = "ranks_" + "_".join(map(str, ranks))
         create_group(name, list(ranks))
         return name
-
-
-def connect(device):
-    """This process's wire: MindSpore's on GPU/Ascend under `msrun` (MS_WORKER_NUM), else mpi4py."""
-    if device != "CPU":
-        launched = int(os.environ.get("MS_WORKER_NUM", "1")) > 1
-        return MindSporeWire(device) if launched else SoloWire()
-    wire = MpiWire()
-    return wire if wire.size > 1 else SoloWire()
 
 
 class Parts(tuple):

@@ -4,12 +4,12 @@
 a rank that fails sends every other a notice (`abort`) that every wait polls for, so a
 peer stops at once (`PeerFailed`). NCCL/HCCL waits cannot time out: there the watchdog
 keeps the deadline (pipe.ops.watchdog)."""
+import os
 import sys
 import time
 
 from pipe.ops.watchdog import PeerFailed, WireTimeout
-from pipe.wire import MpiWire, SoloWire
-from pipe.wire import connect as launched_wire
+from pipe.wire import MindSporeWire, MpiWire, SoloWire
 
 __all__ = ["DeadlineWire", "connect"]
 
@@ -50,8 +50,10 @@ class DeadlineWire(MpiWire):
 
 
 def connect(device, timeout):
-    """This process's wire: mpi4py with deadlines on CPU; MindSpore's under `msrun`."""
-    if device != "CPU":
-        return launched_wire(device)
-    wire = DeadlineWire(timeout)
-    return wire if wire.size > 1 else SoloWire()
+    """This process's wire: mpi4py with deadlines on CPU (under `mpiexec`), MindSpore's on
+    GPU or Ascend under `msrun` (MS_WORKER_NUM); one process alone talks to no one."""
+    if device == "CPU":
+        wire = DeadlineWire(timeout)
+        return wire if wire.size > 1 else SoloWire()
+    launched = int(os.environ.get("MS_WORKER_NUM", "1")) > 1
+    return MindSporeWire(device) if launched else SoloWire()
