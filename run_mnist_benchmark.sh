@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What pipeline parallelism buys on this machine: pipe next to one device, MindSpore's built-in
-# pipeline and torch.distributed.pipelining (when torch is importable), on a small and a
-# compute-bound MLP, and the GPT example's model (GPT-2-small-sized on GPUs, scaled down on
-# CPU) beside MindSpore's own step and torch's. With no flags: the headline table, each figure the
-# median of 3 windows.
+# pipeline and torch.distributed.pipelining (when torch is importable), on an MLP (compute-bound
+# on GPUs, small on CPU) and the GPT example's model (GPT-2-small-sized on GPUs, scaled down on
+# CPU, pipelined on 2, 4, 8 devices up to all) beside MindSpore's own step and torch's. With no
+# flags: the headline table, each figure the median of 3 windows.
 #
-#   ./run_mnist_benchmark.sh                       # headline: 7 minutes on 4 H200s
+#   ./run_mnist_benchmark.sh                       # headline (its time: docs/performance.md)
 #   ./run_mnist_benchmark.sh --all                 # every layout, schedule and implementation
 #   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b   (a part of --all)
 #
@@ -18,16 +18,19 @@
 #                                 one GPU MindSpore's step is its own O2 recipe, loss scaled
 #                                 alike; its pipeline gets its layers cast, no loss scale)
 #          --tf32 (GPU: float32 products in TF32, pipe's and MindSpore's alike)
-#          --steps N (per window)  --repeats R (windows; the table shows the median)
+#          --steps N (per window; default 10, the GPT's 5)  --repeats R (windows; the table
+#                                            shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+#          --side-by-side (headline: each model's launches start together on their own devices,
+#                          compile side by side, then are timed one at a time)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS=10 DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
+MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS="" DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
 TF32=""
-REPEATS=3 HEADLINE=1
+REPEATS=3 HEADLINE=1 SIDE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;                  --all) HEADLINE=0; shift ;;
@@ -37,12 +40,13 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;                      --trace) TRACE=1; shift ;;
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
     --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
-    --repeats) REPEATS=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --repeats) REPEATS=$2; shift 2 ;;          --side-by-side) SIDE=1; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
+GSTEPS=${STEPS:-5} STEPS=${STEPS:-10}     # steps per window: the GPT's are long
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|gpt|all) ;; *) bad "--model $MODEL: use small, large, gpt or all" ;; esac
 case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
@@ -74,65 +78,88 @@ RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
+BATCH=0 TURNS="" TURN=0 GPU_AT=0
+declare -A IN_BATCH=()                  # launches per batch (--side-by-side), counted in the first walk
 progress() {  # progress WHAT: count a launch (first walk), or say which one runs (second)
-  if [ "$COUNTING" = 1 ]; then TOTAL=$((TOTAL + 1)); return 1; fi
-  DONE=$((DONE + 1))
+  if [ "$COUNTING" = 1 ]; then
+    TOTAL=$((TOTAL + 1)); IN_BATCH[$BATCH]=$(( ${IN_BATCH[$BATCH]:-0} + 1 )); return 1
+  fi
+  DONE=$((DONE + 1)) LOG=$OUT/logs/$DONE   # this launch's output: LOG.out, msrun's in LOG/
   local t=$(( $(date +%s) - T0 ))
   printf '  [%d/%d, %d:%02d elapsed] %s\n' "$DONE" "$TOTAL" $((t / 60)) $((t % 60)) "$1"
+}
+finished() {  # finished WHAT CMD...: run CMD, then say its figure, or that it failed and why
+  local what=$1; shift
+  if "$@" > "$LOG.out" 2>&1; then
+    cat "$LOG.out" "$LOG"/worker_0.log 2>/dev/null | grep "ms per step\|median step" | tail -n 1 || true
+  else
+    echo "  failed: $what"; tail -n 5 "$([ -f "$LOG/worker_0.log" ] && echo "$LOG/worker_0.log" || echo "$LOG.out")"
+  fi
+}
+job() {  # job N WHAT CMD...: CMD on N devices; in a batch (--side-by-side), in the background
+  local n=$1 what=$2; shift 2     # on its own GPUs, timed in its turn (benchmarks/timing.py)
+  if [ -z "$TURNS" ]; then finished "$what" "$@"; return 0; fi
+  local gpus turn=$TURN
+  gpus=$(for i in $(seq 0 $((n - 1))); do echo $(( (GPU_AT + i) % DEVICES )); done | paste -sd, -)
+  GPU_AT=$(( (GPU_AT + n) % DEVICES )) TURN=$((TURN + 1))
+  ( export CUDA_VISIBLE_DEVICES=$gpus
+    finished "$what" "$@" --turns "$TURNS" --turn "$turn" --of "${IN_BATCH[$BATCH]}"
+    touch "$TURNS/ready-$turn" "$TURNS/$turn" ) &      # (one that never started: the next goes)
+}
+batch() {  # batch: the launches until end_batch start together (--side-by-side)
+  BATCH=$((BATCH + 1))
+  if [ "$SIDE" = 1 ] && [ "$COUNTING" = 0 ]; then
+    TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0; mkdir -p "$TURNS"
+  fi
+}
+end_batch() {  # end_batch: every launch of the batch done
+  if [ -n "$TURNS" ]; then
+    say "  (${IN_BATCH[$BATCH]} launches compiling side by side, then timed one at a time)"
+    wait; rm -rf "$TURNS"; TURNS=""
+  fi
+}
+msrun_on() {  # msrun_on N SCRIPT ARGS...: SCRIPT on N processes: one, mpiexec on CPU, msrun on GPUs
+  local n=$1; shift
+  if [ "$n" -eq 1 ]; then python "$@"
+  elif [ "$DEVICE" = CPU ]; then mpiexec -n "$n" python "$@"
+  else msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
+      --log_dir="$LOG" --join=True "$@"; fi
+}
+torchrun_on() {  # torchrun_on N SCRIPT ARGS...: torch's launcher, N processes
+  local n=$1; shift
+  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) "$@"
 }
 launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS windows in one launch)
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
-  set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
-    --precision "$PRECISION" $TF32 "$@"
-  if [ "$n" -eq 1 ]; then
-    python benchmarks/benchmark.py "$@"
-  elif [ "$DEVICE" = CPU ]; then
-    mpiexec -n "$n" python benchmarks/benchmark.py "$@"
-  else
-    msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
-      --log_dir="$OUT/logs" --join=True benchmarks/benchmark.py "$@" > "$OUT/logs/last.out" 2>&1 \
-      || { echo "  failed: $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
-  fi
+  job "$n" "$what" msrun_on "$n" benchmarks/benchmark.py --device "$DEVICE" --results "$RESULTS" \
+    --steps "$STEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 "$@"
 }
 launch_gpt() {  # launch_gpt N WHAT ARGS...: gpt_benchmark.py on N processes (pipe) or one
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
-  set -- --device "$DEVICE" --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
-    --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" "$@"
-  if [ "$n" -eq 1 ]; then
-    python benchmarks/gpt_benchmark.py "$@" | grep -v "^pipe chose"
-  elif [ "$DEVICE" = CPU ]; then
-    mpiexec -n "$n" python benchmarks/gpt_benchmark.py --stages "$n" "$@" | grep -v "^pipe chose"
-  else
-    msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
-      --log_dir="$OUT/logs" --join=True benchmarks/gpt_benchmark.py --stages "$n" "$@" \
-      > "$OUT/logs/last.out" 2>&1 || { echo "  failed: GPT $*"; tail -n 5 "$OUT"/logs/worker_0.log; }
-  fi
+  job "$n" "$what" msrun_on "$n" benchmarks/gpt_benchmark.py --device "$DEVICE" --results "$RESULTS" \
+    --steps "$GSTEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" \
+    $([ "$n" -gt 1 ] && echo --stages "$n") "$@"
 }
 launch_torch_gpt() {  # launch_torch_gpt WHAT ARGS...: torch's step on the GPT, one device
   local what=$1; shift
   progress "$what" || return 0
-  python benchmarks/torch_gpt.py --device "$([ "$DEVICE" = GPU ] && echo cuda || echo cpu)" \
-    --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 \
-    --peak-tflops "$PEAK" "$@" > "$OUT/logs/torch-gpt.out" 2>&1 && tail -n 1 "$OUT/logs/torch-gpt.out" \
-    || { echo "  failed: torch GPT $*"; tail -n 5 "$OUT/logs/torch-gpt.out"; }
+  job 1 "$what" python benchmarks/torch_gpt.py --device "$([ "$DEVICE" = GPU ] && echo cuda || echo cpu)" \
+    --results "$RESULTS" --steps "$GSTEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 \
+    --peak-tflops "$PEAK" "$@"
 }
 launch_torch() {  # launch_torch N WHAT ARGS...: torch.distributed.pipelining, same model and rows
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
-  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) \
-    benchmarks/torch_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" $TF32 "$@" \
-    > "$OUT/logs/torch.out" 2>&1 || { echo "  failed: torch $*"; tail -n 5 "$OUT/logs/torch.out"; }
+  job "$n" "$what" torchrun_on "$n" benchmarks/torch_pipeline.py --results "$RESULTS" \
+    --steps "$STEPS" --repeats "$REPEATS" $TF32 "$@"
 }
 launch_torch_gpt_pipeline() {  # launch_torch_gpt_pipeline N WHAT ARGS...: torch's pipelining, the GPT
   local n=$1 what=$2; shift 2
   progress "$what" || return 0
-  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) \
-    benchmarks/torch_gpt_pipeline.py --results "$RESULTS" --steps "$STEPS" --repeats "$REPEATS" \
-    --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" "$@" > "$OUT/logs/torch-gpt-pp.out" 2>&1 \
-    && tail -n 1 "$OUT/logs/torch-gpt-pp.out" \
-    || { echo "  failed: torch GPT pipeline $*"; tail -n 5 "$OUT/logs/torch-gpt-pp.out"; }
+  job "$n" "$what" torchrun_on "$n" benchmarks/torch_gpt_pipeline.py --results "$RESULTS" \
+    --steps "$GSTEPS" --repeats "$REPEATS" --precision "$PRECISION" $TF32 --peak-tflops "$PEAK" "$@"
 }
 say() { [ "$COUNTING" = 1 ] || echo "$@"; }
 
@@ -162,49 +189,60 @@ gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MF
         if [ "$PRECISION" = fp32 ]; then PEAK=$([ -n "$TF32" ] && echo 495 || echo 67); fi ;; esac
   fi
 }
-headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch's pipelining on P
-  gpt_size         # devices, M = 4P micro-batches (a pipeline-sized batch), 1F1B, the same split
-  local m=$((4 * P))
+headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch's pipelining on
+  gpt_size         # 2, 4, 8 devices up to P, M = 4 x stages (a pipeline-sized batch), 1F1B, one split
   say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
+  batch
   launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore
+  if [ $TORCH_GPT = 1 ]; then
+    launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
+  else
+    say "  (no torch rows for the GPT: $NO_TORCH_GPT)"
+  fi
   if [ $P = 1 ]; then
     launch_gpt 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $GSIZE --impl pipe $DEFER
-  else
-    launch_gpt $P "pipe ${P}x1 M=$m: 1f1b (pipe chooses W and one graph)" $GSIZE --impl pipe \
-      --micro-batches $m --partition blocks $DEFER
   fi
-  if [ $TORCH_GPT = 0 ]; then say "  (no torch rows for the GPT: $NO_TORCH_GPT)"; return; fi
-  launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
-  if [ $P -gt 1 ] && [ "$DEVICE" = GPU ]; then
-    launch_torch_gpt_pipeline $P "torch.distributed.pipelining ${P}x1 M=$m: 1f1b" $GSIZE --micro-batches $m
-  elif [ $P -gt 1 ]; then
+  for p in 2 4 8; do
+    [ $p -le $P ] || continue
+    launch_gpt $p "pipe ${p}x1 M=$((4 * p)): 1f1b (pipe chooses W and one graph)" $GSIZE \
+      --impl pipe --micro-batches $((4 * p)) --partition blocks $DEFER
+    if [ $TORCH_GPT = 1 ] && [ "$DEVICE" = GPU ]; then
+      launch_torch_gpt_pipeline $p "torch.distributed.pipelining ${p}x1 M=$((4 * p)): 1f1b" $GSIZE \
+        --micro-batches $((4 * p))
+    fi
+  done
+  if [ $TORCH_GPT = 1 ] && [ $P -gt 1 ] && [ "$DEVICE" != GPU ]; then
     say "  (no torch.distributed.pipelining row for the GPT: its script runs on CUDA GPUs)"
   fi
+  end_batch
 }
-headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices
-  P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done
-  for model in small large; do
+headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices:
+  P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done   # the large MLP on GPUs, the small
+  for model in small large; do                                    # one on CPU (or --model)
     wanted "$MODEL" "$model" || continue
     [ "$model" = large ] && [ "${SKIP_LARGE:-0}" = 1 ] && continue
+    [ "$model" = small ] && [ "${SKIP_SMALL:-0}" = 1 ] && continue
     size_of $model $P
     say "== $model MLP: $SIZE"
+    batch
     launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
     if [ $P = 1 ]; then   # one device: no pipeline, pipe's step beside MindSpore's
       launch 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $SIZE --micro-batches 1 $DEFER
-      continue
-    fi
-    launch $P "pipe ${P}x1 M=$M: ${BEST// /, } (pipe chooses W and one graph)" $SIZE --stages $P \
-      --micro-batches $M --schedule "${BEST// /,}" $DEFER
-    if [ "$DEVICE" != CPU ]; then
-      launch $P "MindSpore built-in ${P}x1 M=$M" $SIZE --impl builtin --stages $P --micro-batches $M
-    fi
-    if [ $TORCH = 1 ]; then   # (torch has no ZB-H1 schedule)
-      theirs=$(for s in $BEST; do [ $s = zb-h1 ] || echo $s; done | paste -sd,)
-      launch_torch $P "torch.distributed.pipelining ${P}x1 M=$M: ${theirs//,/, }" $SIZE \
-        --micro-batches $M --schedule "$theirs"
     else
-      say "  (no torch.distributed.pipelining row: $NO_TORCH)"
+      launch $P "pipe ${P}x1 M=$M: ${BEST// /, } (pipe chooses W and one graph)" $SIZE --stages $P \
+        --micro-batches $M --schedule "${BEST// /,}" $DEFER
+      if [ "$DEVICE" != CPU ]; then
+        launch $P "MindSpore built-in ${P}x1 M=$M" $SIZE --impl builtin --stages $P --micro-batches $M
+      fi
+      if [ $TORCH = 1 ]; then   # (torch has no ZB-H1 schedule)
+        theirs=$(for s in $BEST; do [ $s = zb-h1 ] || echo $s; done | paste -sd,)
+        launch_torch $P "torch.distributed.pipelining ${P}x1 M=$M: ${theirs//,/, }" $SIZE \
+          --micro-batches $M --schedule "$theirs"
+      else
+        say "  (no torch.distributed.pipelining row: $NO_TORCH)"
+      fi
     fi
+    end_batch
   done
   if wanted "$MODEL" gpt; then headline_gpt; fi
 }
@@ -262,14 +300,19 @@ sweep() {  # every wanted run (--all), in order
     done; done
   done
 }
-if [ "$HEADLINE" = 1 ] && [ "$DEVICE" = CPU ] && [ "$MODEL" = all ]; then
-  echo "(CPU: the small MLP and the GPT scaled down; the large MLP's step takes minutes on CPU cores: --model large)"
-  SKIP_LARGE=1
+if [ "$HEADLINE" = 1 ] && [ "$MODEL" = all ]; then   # one MLP: the one a pipeline pays for here
+  if [ "$DEVICE" = CPU ]; then
+    echo "(CPU: the small MLP and the GPT scaled down; the large MLP's step takes minutes on CPU cores: --model large)"
+    SKIP_LARGE=1
+  else
+    echo "(GPUs: the large MLP and the GPT; the small MLP, too small to pipeline: --model small)"
+    SKIP_SMALL=1
+  fi
 fi
 walk() {
   if [ "$HEADLINE" = 1 ]; then headline; return; fi
   sweep
   if [ "$MODEL" = gpt ]; then P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done; headline_gpt; fi
 }
-COUNTING=1; walk; COUNTING=0; walk
+COUNTING=1; walk; COUNTING=0; BATCH=0; walk
 python benchmarks/report.py "$RESULTS"

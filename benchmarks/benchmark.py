@@ -27,7 +27,7 @@ from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
 from builtin_pipeline import builtin_train_step, mixed_precision_step, set_parallel_context  # noqa: E402
-from timing import host_costs, median_windows  # noqa: E402
+from timing import add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 from train import build_model  # noqa: E402
 
 from pipe.config import PipelineConfig  # noqa: E402
@@ -66,6 +66,7 @@ def parse_args(argv=None):
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
+    add_turn_flags(p)
     return p.parse_args(argv)
 
 
@@ -105,7 +106,7 @@ def peak_memory(device):
 def timed(step, args):
     """The median step time of each of `args.repeats` windows of `args.steps` steps, after
     `args.warmup` steps: the report takes the median window."""
-    return median_windows(step, args.warmup, args.steps, args.repeats)
+    return median_windows(step, args.warmup, args.steps, args.repeats, warmed=args.wait)
 
 
 def builtin_run(args, device, model, bounds, loss_fn, x, y):
@@ -168,6 +169,11 @@ def pipe_run(args, device, schedule, wire, x, y):
 
 def main(argv=None):
     args = parse_args(argv)
+    with turn(args) as args.wait:        # (timed when this process's turn comes: timing.turn)
+        run(args)
+
+
+def run(args):
     device = use_device(args.device, args.memory_plan)
     P, D = args.stages, args.data_parallel
     rng = np.random.default_rng(0)

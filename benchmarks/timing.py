@@ -62,25 +62,34 @@ def print_against_first(medians, width):
 
 
 def add_turn_flags(parser):
-    """--turns DIR --turn K: several processes compile side by side and time one at a time."""
+    """--turns DIR --turn K --of N: a batch of N processes compiles side by side, then each is
+    timed alone, in order."""
     parser.add_argument("--turns", help="a folder the processes of one batch share")
     parser.add_argument("--turn", type=int, default=0, help="this process's place (0 first)")
+    parser.add_argument("--of", type=int, default=0,
+                        help="the batch's processes: no one is timed before all are ready")
 
 
 @contextlib.contextmanager
 def turn(args):
-    """Around a process's whole run: yields `wait`, which returns once process K-1 (K =
-    `args.turn`) has written `args.turns`/K-1; this one writes `args.turns`/K when it ends,
-    timed or failed. A GPT's step takes minutes to compile and seconds to time: compiled
-    side by side and timed one at a time, a batch of processes costs the device about one
-    compile, and no two are timed at once."""
-    previous = args.turns and args.turn and os.path.join(args.turns, str(args.turn - 1))
+    """Around a process's whole run: yields `wait`, which the process calls once compiled and
+    warmed up. It writes `ready-K` (K = `args.turn`) in `args.turns`, then returns once all
+    `args.of` processes are ready and process K-1 has ended (its `K-1`); this one writes
+    `K` when it ends, timed or failed. So no process is timed while another compiles or
+    runs: a batch costs the device about one compile, not one per process."""
+    def mark(name):
+        open(os.path.join(args.turns, name), "w").close()
 
     def wait():
-        while previous and not os.path.exists(previous):
+        if not args.turns:
+            return
+        mark(f"ready-{args.turn}")
+        needed = [f"ready-{k}" for k in range(args.of)] + [str(args.turn - 1)] * (args.turn > 0)
+        while not all(os.path.exists(os.path.join(args.turns, name)) for name in needed):
             time.sleep(0.2)
     try:
         yield wait
     finally:
-        if args.turns:
-            open(os.path.join(args.turns, str(args.turn)), "w").close()
+        if args.turns:                   # (a process that failed before it was ready: too)
+            mark(f"ready-{args.turn}")
+            mark(str(args.turn))

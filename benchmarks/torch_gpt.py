@@ -15,12 +15,16 @@ step runs ahead of the host as a training loop's does.
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import add_turn_flags, turn  # noqa: E402  (no MindSpore, no torch)
 
 try:
     import torch
@@ -100,6 +104,7 @@ def add_flags(p, batch_size):
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (0: none)")
     p.add_argument("--results", help="append a JSON line per window (benchmarks/report.py)")
     p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
+    add_turn_flags(p)
 
 
 def main():
@@ -107,6 +112,12 @@ def main():
     add_flags(p, batch_size=16)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
+    with turn(args) as wait:
+        run(args, wait)
+
+
+def run(args, wait):
+    """Time the step once this process's turn comes (`wait`: timing.turn)."""
     torch.backends.cuda.matmul.allow_tf32 = args.tf32      # off: fp32 as MindSpore's default computes it
     model = GPT(args.layers, args.width, args.heads, args.context).to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -132,6 +143,7 @@ def main():
 
     for _ in range(2):
         step()
+    wait()
     windows = []
     for _ in range(args.repeats):
         sync()

@@ -31,6 +31,7 @@ except ImportError:      # (one line and exit code 2, as every program here answ
     sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import turn  # noqa: E402
 from torch_gpt import GPT, IGNORE, PAD, VOCAB, Parser, add_flags, data  # noqa: E402
 
 SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
@@ -67,6 +68,12 @@ def main():
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
     p.add_argument("--micro-batches", type=int, default=16)
     args = p.parse_args()
+    with turn(args) as wait:
+        run(args, wait)
+
+
+def run(args, wait):
+    """Time the step once this process's turn comes (`wait`: timing.turn)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
     torch.cuda.set_device(device)
@@ -121,6 +128,7 @@ def main():
 
     for _ in range(2):
         step()
+    wait()
     windows = []
     for _ in range(args.repeats):
         dist.barrier()

@@ -27,7 +27,7 @@ except ImportError:      # (one line and exit code 2, as every program here answ
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import median_windows  # noqa: E402
+from timing import add_turn_flags, median_windows, turn  # noqa: E402
 
 from pipe.ops.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 
@@ -58,7 +58,7 @@ def schedule_list(text):
     return names
 
 
-def train(args, name, rank, world, device):
+def train(args, name, rank, world, device, wait):
     """The windows of `name`'s schedule on this rank's stages, built afresh."""
     torch.manual_seed(0)
     kind, chunks = SCHEDULES[name]
@@ -83,7 +83,8 @@ def train(args, name, rank, world, device):
         if device.type == "cuda":
             torch.cuda.synchronize()
     # rank 0's time, each step after a barrier: every rank starts it together
-    return median_windows(step, args.warmup, args.steps, args.repeats, before=dist.barrier)
+    return median_windows(step, args.warmup, args.steps, args.repeats, before=dist.barrier,
+                          warmed=wait)
 
 
 def main():
@@ -100,7 +101,14 @@ def main():
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--results", help="append a JSON line per schedule and window (benchmarks/report.py)")
     p.add_argument("--tf32", action="store_true", help="float32 products in TF32 (as pipe's --tf32)")
+    add_turn_flags(p)
     args = p.parse_args()
+    with turn(args) as wait:
+        run(args, wait)
+
+
+def run(args, wait):
+    """Every schedule of `args`, timed once this process's turn comes (`wait`: timing.turn)."""
     gpu = torch.cuda.is_available()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if gpu else "cpu")
@@ -111,7 +119,7 @@ def main():
     for name in args.schedule:
         if gpu:
             torch.cuda.reset_peak_memory_stats()
-        windows = train(args, name, rank, world, device)
+        windows = train(args, name, rank, world, device, wait)
         if rank != 0:
             continue
         print(f"torch {name} {world} ranks M={args.micro_batches}: median step "
