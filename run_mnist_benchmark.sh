@@ -114,7 +114,7 @@ batch() {  # batch: the launches until end_batch start together (--side-by-side)
 }
 end_batch() {  # end_batch: every launch of the batch done
   if [ -n "$TURNS" ]; then
-    say "  (${IN_BATCH[$BATCH]} launches compiling side by side, then timed one at a time)"
+    say "  (${IN_BATCH[$BATCH]:-0} launches compiling side by side, then timed one at a time)"
     wait; rm -rf "$TURNS"; TURNS=""
   fi
 }
