@@ -14,11 +14,19 @@ from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES, action_costs
 
 
 def compute_spans(trace_path):
-    """The F, B, I and W spans of a recorded trace."""
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
+    """The F, B, I and W spans of a recorded trace; a file that holds none is refused."""
+    try:
+        with open(trace_path) as f:
+            events = json.load(f)["traceEvents"]
+    except (ValueError, KeyError, TypeError):    # not JSON, or not a trace
+        events = []
     action = re.compile(r"[FBIW](\d+|\*)(:\d+)?")
-    return [e for e in events if e["ph"] == "X" and action.fullmatch(e["name"])]
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+             and action.fullmatch(str(e.get("name")))]
+    if not spans:
+        raise ValueError(f"{trace_path} holds no F, B, I or W span of a Chrome trace: give one "
+                         "that `benchmarks/benchmark.py --trace STEM` recorded")
+    return spans
 
 
 def measured_costs(trace_path):

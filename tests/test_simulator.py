@@ -109,3 +109,13 @@ def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
     trace.write_text(json.dumps({"traceEvents": events}))
     assert trace_bubble.measured_costs(trace) == (2.0, 1.0, 3.0)
     assert trace_bubble.measured_bubble(trace) == pytest.approx(1 - 22000 / (2 * 14000))
+
+
+@pytest.mark.parametrize("text", ["{}", "not json", '{"traceEvents": []}', '{"traceEvents": [1]}'])
+def test_a_file_with_no_recorded_step_is_refused_by_name(tmp_path, text):
+    trace = tmp_path / "trace.json"
+    trace.write_text(text)
+    with pytest.raises(ValueError) as err:
+        trace_bubble.main([str(trace)])
+    assert str(err.value) == (f"{trace} holds no F, B, I or W span of a Chrome trace: give one "
+                              "that `benchmarks/benchmark.py --trace STEM` recorded")
