@@ -1,5 +1,6 @@
 """How every implementation's step is timed, so that their figures compare (no MindSpore, no
 torch: benchmark.py and torch_pipeline.py both import it)."""
+import argparse
 import contextlib
 import os
 import statistics
@@ -61,10 +62,17 @@ def print_against_first(medians, width):
         print(f"{name:{width}s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
 
 
+def folder(text):
+    """--turns' value: a folder that exists, echoed when it does not."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such folder: {text}")
+    return text
+
+
 def add_turn_flags(parser):
     """--turns DIR --turn K --of N: a batch of N processes compiles side by side, then each is
     timed alone, in order."""
-    parser.add_argument("--turns", help="a folder the processes of one batch share")
+    parser.add_argument("--turns", type=folder, help="a folder the processes of one batch share")
     parser.add_argument("--turn", type=int, default=0, help="this process's place (0 first)")
     parser.add_argument("--of", type=int, default=0,
                         help="the batch's processes: no one is timed before all are ready")

@@ -75,6 +75,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "benchmarks/gpt_benchmark.py", "--batch-size", "18", "--micro-batches", "4"],
      "error: --batch-size 18 cannot be split into --micro-batches 4: it must be a multiple of 4; "
      "try --batch-size 16\n"),
+    ([sys.executable, "benchmarks/benchmark.py", "--turns", "runs/none"],   # (the headline's)
+     "error: argument --turns: no such folder: runs/none\n"),
+    ([sys.executable, "benchmarks/trace_bubble.py", "runs/none/trace.json"],
+     "error: argument trace: no such file: runs/none/trace.json\n"),
     ([sys.executable, "benchmarks/report.py", "runs/none/results.jsonl"],
      "error: argument results: no such file: runs/none/results.jsonl\n"),
     ([sys.executable, "benchmarks/compare_runs.py", "a.ckpt", "a.log", "b.ckpt", "b.log"],
