@@ -21,7 +21,7 @@
 #          --steps N (per window; default 10, the GPT's 5)  --repeats R (windows; the table
 #                                            shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
-#          --side-by-side (headline: each model's launches start together on their own devices,
+#          --side-by-side (headline: all its launches start together, each on its own devices,
 #                          compile side by side, then are timed one at a time)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
@@ -78,7 +78,7 @@ RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
-BATCH=0 TURNS="" TURN=0 GPU_AT=0
+BATCH=0 DEPTH=0 TURNS="" TURN=0 GPU_AT=0 PORT0=0
 declare -A IN_BATCH=()                  # launches per batch (--side-by-side), counted in the first walk
 progress() {  # progress WHAT: count a launch (first walk), or say which one runs (second)
   if [ "$COUNTING" = 1 ]; then
@@ -102,17 +102,21 @@ job() {  # job N WHAT CMD...: CMD on N devices; in a batch (--side-by-side), in 
   local gpus turn=$TURN
   gpus=$(for i in $(seq 0 $((n - 1))); do echo $(( (GPU_AT + i) % DEVICES )); done | paste -sd, -)
   GPU_AT=$(( (GPU_AT + n) % DEVICES )) TURN=$((TURN + 1))
-  ( export CUDA_VISIBLE_DEVICES=$gpus
+  ( export CUDA_VISIBLE_DEVICES=$gpus PORT=$((PORT0 + turn))   # (no two launchers on one port)
     finished "$what" "$@" --turns "$TURNS" --turn "$turn" --of "${IN_BATCH[$BATCH]}"
     touch "$TURNS/ready-$turn" "$TURNS/$turn" ) &      # (one that never started: the next goes)
 }
-batch() {  # batch: the launches until end_batch start together (--side-by-side)
+batch() {  # batch: the launches until end_batch start together (--side-by-side); a batch
+  DEPTH=$((DEPTH + 1))    # inside a batch is part of it
+  [ "$DEPTH" = 1 ] || return 0
   BATCH=$((BATCH + 1))
   if [ "$SIDE" = 1 ] && [ "$COUNTING" = 0 ]; then
-    TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0; mkdir -p "$TURNS"
+    TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0 PORT0=$((8100 + RANDOM % 400)); mkdir -p "$TURNS"
   fi
 }
 end_batch() {  # end_batch: every launch of the batch done
+  DEPTH=$((DEPTH - 1))
+  [ "$DEPTH" = 0 ] || return 0
   if [ -n "$TURNS" ]; then
     say "  (${IN_BATCH[$BATCH]:-0} launches compiling side by side, then timed one at a time)"
     wait; rm -rf "$TURNS"; TURNS=""
@@ -122,12 +126,12 @@ msrun_on() {  # msrun_on N SCRIPT ARGS...: SCRIPT on N processes: one, mpiexec o
   local n=$1; shift
   if [ "$n" -eq 1 ]; then python "$@"
   elif [ "$DEVICE" = CPU ]; then mpiexec -n "$n" python "$@"
-  else msrun --worker_num="$n" --local_worker_num="$n" --master_port=$((8100 + RANDOM % 800)) \
+  else msrun --worker_num="$n" --local_worker_num="$n" --master_port="${PORT:-$((8100 + RANDOM % 800))}" \
       --log_dir="$LOG" --join=True "$@"; fi
 }
 torchrun_on() {  # torchrun_on N SCRIPT ARGS...: torch's launcher, N processes
   local n=$1; shift
-  python -m torch.distributed.run --nproc-per-node "$n" --master-port $((8900 + RANDOM % 800)) "$@"
+  python -m torch.distributed.run --nproc-per-node "$n" --master-port "$(( ${PORT:-$((8100 + RANDOM % 800))} + 800 ))" "$@"
 }
 launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS windows in one launch)
   local n=$1 what=$2; shift 2
@@ -218,13 +222,13 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
 }
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices:
   P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done   # the large MLP on GPUs, the small
+  batch                   # (--side-by-side: all the headline's launches start together)
   for model in small large; do                                    # one on CPU (or --model)
     wanted "$MODEL" "$model" || continue
     [ "$model" = large ] && [ "${SKIP_LARGE:-0}" = 1 ] && continue
     [ "$model" = small ] && [ "${SKIP_SMALL:-0}" = 1 ] && continue
     size_of $model $P
     say "== $model MLP: $SIZE"
-    batch
     launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
     if [ $P = 1 ]; then   # one device: no pipeline, pipe's step beside MindSpore's
       launch 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $SIZE --micro-batches 1 $DEFER
@@ -242,9 +246,9 @@ headline() {  # one device, pipe's best schedules, the built-in and torch, on al
         say "  (no torch.distributed.pipelining row: $NO_TORCH)"
       fi
     fi
-    end_batch
   done
   if wanted "$MODEL" gpt; then headline_gpt; fi
+  end_batch
 }
 
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
