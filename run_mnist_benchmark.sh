@@ -21,8 +21,10 @@
 #          --steps N (per window; default 10, the GPT's 5)  --repeats R (windows; the table
 #                                            shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
-#          --side-by-side (headline: all its launches start together, each on its own devices,
-#                          compile side by side, then are timed one at a time)
+#          --one-at-a-time (headline: each launch starts once the one before has ended; by
+#                           default they start together, each on its own devices, compile side
+#                           by side, then are timed one at a time: use it where the devices'
+#                           memory cannot hold them all)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
 set -euo pipefail
@@ -30,7 +32,7 @@ cd "$(dirname "$0")"
 
 MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS="" DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
 TF32=""
-REPEATS=3 HEADLINE=1 SIDE=0
+REPEATS=3 HEADLINE=1 SIDE=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;                  --all) HEADLINE=0; shift ;;
@@ -40,8 +42,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;                      --trace) TRACE=1; shift ;;
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
     --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
-    --repeats) REPEATS=$2; shift 2 ;;          --side-by-side) SIDE=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --repeats) REPEATS=$2; shift 2 ;;          --one-at-a-time) SIDE=0; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -78,8 +80,8 @@ RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
-BATCH=0 DEPTH=0 TURNS="" TURN=0 GPU_AT=0 PORT0=0
-declare -A IN_BATCH=()                  # launches per batch (--side-by-side), counted in the first walk
+BATCH=0 DEPTH=0 TURNS="" TURN=0 GPU_AT=0
+declare -A IN_BATCH=()                  # launches per batch (side by side), counted in the first walk
 progress() {  # progress WHAT: count a launch (first walk), or say which one runs (second)
   if [ "$COUNTING" = 1 ]; then
     TOTAL=$((TOTAL + 1)); IN_BATCH[$BATCH]=$(( ${IN_BATCH[$BATCH]:-0} + 1 )); return 1
@@ -96,42 +98,57 @@ finished() {  # finished WHAT CMD...: run CMD, then say its figure, or that it f
     echo "  failed: $what"; tail -n 5 "$([ -f "$LOG/worker_0.log" ] && echo "$LOG/worker_0.log" || echo "$LOG.out")"
   fi
 }
-job() {  # job N WHAT CMD...: CMD on N devices; in a batch (--side-by-side), in the background
+job() {  # job N WHAT CMD...: CMD on N devices; in a batch (side by side), in the background
   local n=$1 what=$2; shift 2     # on its own GPUs, timed in its turn (benchmarks/timing.py)
   if [ -z "$TURNS" ]; then finished "$what" "$@"; return 0; fi
   local gpus turn=$TURN
   gpus=$(for i in $(seq 0 $((n - 1))); do echo $(( (GPU_AT + i) % DEVICES )); done | paste -sd, -)
   GPU_AT=$(( (GPU_AT + n) % DEVICES )) TURN=$((TURN + 1))
-  ( export CUDA_VISIBLE_DEVICES=$gpus PORT=$((PORT0 + turn))   # (no two launchers on one port)
+  echo "$what" > "$TURNS/what-$turn"
+  ( export CUDA_VISIBLE_DEVICES=$gpus
     finished "$what" "$@" --turns "$TURNS" --turn "$turn" --of "${IN_BATCH[$BATCH]}"
-    touch "$TURNS/ready-$turn" "$TURNS/$turn" ) &      # (one that never started: the next goes)
-}
-batch() {  # batch: the launches until end_batch start together (--side-by-side); a batch
+    touch "$TURNS/ready-$turn" "$TURNS/$turn" "$TURNS/ended-$turn" ) &   # (one that never
+}                                                                        # started: the next goes)
+batch() {  # batch: the launches until end_batch start together (side by side); a batch
   DEPTH=$((DEPTH + 1))    # inside a batch is part of it
   [ "$DEPTH" = 1 ] || return 0
   BATCH=$((BATCH + 1))
   if [ "$SIDE" = 1 ] && [ "$COUNTING" = 0 ]; then
-    TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0 PORT0=$((8100 + RANDOM % 400)); mkdir -p "$TURNS"
+    TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0; mkdir -p "$TURNS"
   fi
+}
+stop_stragglers() {  # stop_stragglers LAST: once turn LAST is over, a launch still running a
+  local waited=0 k   # minute later hangs (a process that failed and did not exit): say so, stop it
+  until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do
+    sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))
+  done
+  for k in $(seq 0 "$1"); do
+    [ -e "$TURNS/ended-$k" ] || echo "  failed: $(cat "$TURNS/what-$k") did not end a minute after the last turn; stopped"
+  done
+  for pid in $(jobs -pr); do pkill -TERM -P "$pid"; kill "$pid"; done 2>/dev/null || true
 }
 end_batch() {  # end_batch: every launch of the batch done
   DEPTH=$((DEPTH - 1))
   [ "$DEPTH" = 0 ] || return 0
   if [ -n "$TURNS" ]; then
     say "  (${IN_BATCH[$BATCH]:-0} launches compiling side by side, then timed one at a time)"
+    stop_stragglers $(( ${IN_BATCH[$BATCH]:-0} - 1 ))
     wait; rm -rf "$TURNS"; TURNS=""
   fi
+}
+free_port() {  # a port no one listens on now, chosen by the OS: launchers side by side never share one
+  python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 }
 msrun_on() {  # msrun_on N SCRIPT ARGS...: SCRIPT on N processes: one, mpiexec on CPU, msrun on GPUs
   local n=$1; shift
   if [ "$n" -eq 1 ]; then python "$@"
   elif [ "$DEVICE" = CPU ]; then mpiexec -n "$n" python "$@"
-  else msrun --worker_num="$n" --local_worker_num="$n" --master_port="${PORT:-$((8100 + RANDOM % 800))}" \
+  else msrun --worker_num="$n" --local_worker_num="$n" --master_port="$(free_port)" \
       --log_dir="$LOG" --join=True "$@"; fi
 }
 torchrun_on() {  # torchrun_on N SCRIPT ARGS...: torch's launcher, N processes
   local n=$1; shift
-  python -m torch.distributed.run --nproc-per-node "$n" --master-port "$(( ${PORT:-$((8100 + RANDOM % 800))} + 800 ))" "$@"
+  python -m torch.distributed.run --nproc-per-node "$n" --master-port "$(free_port)" "$@"
 }
 launch() {  # launch N WHAT ARGS...: benchmark.py on N processes (REPEATS windows in one launch)
   local n=$1 what=$2; shift 2
@@ -222,7 +239,7 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
 }
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices:
   P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done   # the large MLP on GPUs, the small
-  batch                   # (--side-by-side: all the headline's launches start together)
+  batch                   # (side by side: all the headline's launches start together)
   for model in small large; do                                    # one on CPU (or --model)
     wanted "$MODEL" "$model" || continue
     [ "$model" = large ] && [ "${SKIP_LARGE:-0}" = 1 ] && continue

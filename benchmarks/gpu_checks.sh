@@ -60,10 +60,13 @@ if [ "$GRAPH" = --one-graph ]; then   # the reference runs as the pipelines do
   python benchmarks/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
     "$OUT/$REF/model.ckpt" "$OUT/$REF.log" | head -n 2 || true
 fi
+free_port() {  # a port no one listens on now, chosen by the OS
+  python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
 differ=""                              # every schedule runs; those that differ are named at the end
 for schedule in $SCHEDULES; do
   echo "\$ msrun --worker_num=$WORKERS --local_worker_num=$WORKERS --join=True $TRAIN $FLAGS $LAYOUT --schedule $schedule $GRAPH --save $OUT/$schedule"
-  msrun --worker_num=$WORKERS --local_worker_num=$WORKERS --master_port=$((8100 + RANDOM % 800)) --log_dir="$OUT/logs-$schedule" \
+  msrun --worker_num=$WORKERS --local_worker_num=$WORKERS --master_port="$(free_port)" --log_dir="$OUT/logs-$schedule" \
     --join=True $TRAIN $FLAGS $LAYOUT --schedule $schedule $GRAPH --save "$OUT/$schedule" > /dev/null 2>&1 \
     || { tail -n 30 "$OUT/logs-$schedule/worker_0.log"; exit 1; }
   grep -E "^(config|held|saved)" "$OUT/logs-$schedule/worker_0.log"
