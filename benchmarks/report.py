@@ -192,11 +192,11 @@ def scaling(ax, model, mine):
     base = [r for r in mine if r["devices"] == 1 and r["impl"] == "builtin"]
     piped = [r for r in mine if r["devices"] > 1 and r["impl"] in ("pipe", "pipe-graph")]
     if base and piped:
-        n = sorted({1} | {r["devices"] for r in piped})
-        one, m = base[0]["tokens_per_s"], piped[0]["M"]
+        one, m = base[0]["tokens_per_s"], {1: 1} | {r["devices"]: r["M"] for r in piped}
+        n = sorted(m)                    # (each point's bound at its own M)
         ax.plot(n, [one * k for k in n], ":", color="grey", label="ideal")
-        ax.plot(n, [one * k * m / (m + k - 1) for k in n], "--", color="grey",
-                label=f"bubble bound, M={m}")
+        ax.plot(n, [one * k * m[k] / (m[k] + k - 1) for k in n], "--", color="grey",
+                label="bubble bound, M = " + ", ".join(str(m[k]) for k in n[1:]))
     ax.set_xticks(sorted({r["devices"] for r in mine}))
     ax.set_xlabel("devices")
     ax.set_ylabel("tokens / s")

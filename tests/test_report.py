@@ -3,8 +3,10 @@ import json
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from report import NOTES, chart, format_table, label, summarize  # noqa: E402
+from report import NOTES, chart, format_table, label, scaling, summarize  # noqa: E402
 
 
 def row(rank, stage, step_ms, **extra):
@@ -78,3 +80,25 @@ def test_the_gpt_compares_torchs_pipelining_with_torchs_one_device_and_charts_to
         ("1x1", "builtin", 1.0), ("1x1", "torch", 1.0), ("2x1", "pipe", 1.5), ("2x1", "torch", 1.5)]
     assert chart(rows, str(tmp_path / "results.png")) == f"chart: {tmp_path / 'results.png'}"
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_the_scaling_charts_bubble_bound_takes_each_layouts_own_micro_batches():
+    """With M = 4P, the bound at 2 devices is 2 x 8/9 and at 4 devices 4 x 16/19 of one
+    device's tokens per second, each point's own M."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    gpt = dict(model="gpt", context=512, hidden=768, layers=12, batch_size=64,
+               flops_per_step=2e11, schedule="1f1b")
+    lines = [row(0, 0, 600.0, impl="builtin", stages=1, micro_batches=1, **gpt),
+             *(row(r, r, 400.0, micro_batches=8, **gpt) for r in range(2)),
+             *(row(r, r, 300.0, stages=4, micro_batches=16, **gpt) for r in range(4))]
+    rows = summarize(lines)
+    fig, ax = plt.subplots()
+    scaling(ax, rows[0]["model"], rows)
+    bound = [line for line in ax.get_lines() if line.get_linestyle() == "--"][0]
+    one = rows[0]["tokens_per_s"]
+    assert list(bound.get_xdata()) == [1, 2, 4]
+    assert list(bound.get_ydata()) == pytest.approx([one, one * 2 * 8 / 9, one * 4 * 16 / 19])
+    assert bound.get_label() == "bubble bound, M = 8, 16"
+    plt.close(fig)
