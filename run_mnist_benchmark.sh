@@ -23,8 +23,8 @@
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
 #          --one-at-a-time (headline: each launch starts once the one before has ended; by
 #                           default they start together, each on its own devices, compile side
-#                           by side, then are timed one at a time: use it where the devices'
-#                           memory cannot hold them all)
+#                           by side, then are timed one at a time: all of them on 4 or more
+#                           GPUs, each model's on fewer; GPUs under 64 GiB: one at a time)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
 set -euo pipefail
@@ -78,6 +78,14 @@ OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
+ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer than 4 GPUs one
+if [ "$DEVICE" = GPU ]; then   # batch per model (all of them would need ~70 GiB on each of 2 GPUs)
+  [ "$DEVICES" -ge 4 ] || ONE_BATCH=0
+  MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -n 1)
+  if [ "$SIDE" = 1 ] && [ "${MEM:-0}" -lt 65536 ]; then   # (the GPT's one-GPU steps: 30 GiB each)
+    SIDE=0; echo "(GPUs of $((${MEM:-0} / 1024)) GiB: one launch at a time; side by side needs 64 GiB a GPU)"
+  fi
+fi
 
 COUNTING=0 TOTAL=0 DONE=0 T0=$(date +%s)
 BATCH=0 DEPTH=0 TURNS="" TURN=0 GPU_AT=0
@@ -239,13 +247,14 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
 }
 headline() {  # one device, pipe's best schedules, the built-in and torch, on all the devices:
   P=1; for p in 2 4 8; do [ $p -le "$DEVICES" ] && P=$p; done   # the large MLP on GPUs, the small
-  batch                   # (side by side: all the headline's launches start together)
+  if [ "$ONE_BATCH" = 1 ]; then batch; fi   # (side by side: all its launches start together)
   for model in small large; do                                    # one on CPU (or --model)
     wanted "$MODEL" "$model" || continue
     [ "$model" = large ] && [ "${SKIP_LARGE:-0}" = 1 ] && continue
     [ "$model" = small ] && [ "${SKIP_SMALL:-0}" = 1 ] && continue
     size_of $model $P
     say "== $model MLP: $SIZE"
+    batch
     launch 1 "one device: MindSpore's own compiled step" $SIZE --impl builtin --micro-batches 1
     if [ $P = 1 ]; then   # one device: no pipeline, pipe's step beside MindSpore's
       launch 1 "pipe 1x1 M=1 (pipe chooses W and one graph)" $SIZE --micro-batches 1 $DEFER
@@ -263,9 +272,10 @@ headline() {  # one device, pipe's best schedules, the built-in and torch, on al
         say "  (no torch.distributed.pipelining row: $NO_TORCH)"
       fi
     fi
+    end_batch
   done
   if wanted "$MODEL" gpt; then headline_gpt; fi
-  end_batch
+  if [ "$ONE_BATCH" = 1 ]; then end_batch; fi
 }
 
 PIPES=""                  # pipe's runs: per action (pipe) and as one graph per step (pipe-graph)
