@@ -100,7 +100,7 @@ def gpu_usable():
 
 
 @pytest.mark.skipif(gpu_usable(), reason="MindSpore runs on a GPU here")
-@pytest.mark.parametrize("script", ["examples/gpt/train.py"])
+@pytest.mark.parametrize("script", ["examples/gpt/train.py", "benchmarks/send_wait.py"])
 def test_a_gpu_program_without_a_gpu_says_so_in_one_line(script):
     """A probe made for GPUs (--device GPU by default), or --device GPU asked where MindSpore
     has no GPU plugin: one line and exit code 2, not MindSpore's C++ call stack."""
