@@ -126,14 +126,24 @@ batch() {  # batch: the launches until end_batch start together (side by side); 
   fi
 }
 stop_stragglers() {  # stop_stragglers LAST: once turn LAST is over, a launch still running a
-  local waited=0 k   # minute later hangs (a process that failed and did not exit): say so, stop it
-  until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do
-    sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))
+  local waited=0 quiet=0 marks seen="" k   # minute later hangs (a process that failed and did
+  until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do   # not exit):
+    sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))                         # say so, stop it
+    marks=$(ls "$TURNS" | wc -l)          # 5 minutes with no launch ready or timed: say which run
+    if [ "$marks" = "$seen" ]; then quiet=$((quiet + 1)); else quiet=0 seen=$marks; fi
+    if [ $quiet -ge 300 ]; then quiet=0; waiting_on "$1"; fi
   done
   for k in $(seq 0 "$1"); do
     [ -e "$TURNS/ended-$k" ] || echo "  failed: $(cat "$TURNS/what-$k") did not end a minute after the last turn; stopped"
   done
   for pid in $(jobs -pr); do pkill -TERM -P "$pid"; kill "$pid"; done 2>/dev/null || true
+}
+waiting_on() {  # waiting_on LAST: say which launches the batch waits on (not ready, or timed now)
+  local k late=""
+  for k in $(seq 0 "$1"); do [ -e "$TURNS/ready-$k" ] || late="$late [$(cat "$TURNS/what-$k")]"; done
+  [ -n "$late" ] || for k in $(seq 0 "$1"); do
+    [ -e "$TURNS/$k" ] || { late=" [$(cat "$TURNS/what-$k")] in its turn"; break; }; done
+  echo "  (5 minutes with no launch ready or timed; waiting on:$late)"
 }
 end_batch() {  # end_batch: every launch of the batch done
   DEPTH=$((DEPTH - 1))
