@@ -125,11 +125,14 @@ batch() {  # batch: the launches until end_batch start together (side by side); 
     TURNS=$OUT/turns-$BATCH TURN=0 GPU_AT=0; mkdir -p "$TURNS"
   fi
 }
-stop_stragglers() {  # stop_stragglers LAST: once turn LAST is over, a launch still running a
-  local waited=0 quiet=0 marks seen="" k   # minute later hangs (a process that failed and did
-  until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do   # not exit):
-    sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))                         # say so, stop it
-    marks=$(ls "$TURNS" | wc -l)          # 5 minutes with no launch ready or timed: say which run
+# stop_stragglers LAST: wait for the batch. A launch still running a minute after turn LAST
+# is over hangs (a process that failed and did not exit): say so and stop it. Every 5 minutes
+# with no launch ready or timed, say which launches the batch waits on.
+stop_stragglers() {
+  local waited=0 quiet=0 marks seen="" k
+  until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do
+    sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))
+    marks=$(ls "$TURNS" | wc -l)
     if [ "$marks" = "$seen" ]; then quiet=$((quiet + 1)); else quiet=0 seen=$marks; fi
     if [ $quiet -ge 300 ]; then quiet=0; waiting_on "$1"; fi
   done
@@ -154,7 +157,7 @@ end_batch() {  # end_batch: every launch of the batch done
     wait; rm -rf "$TURNS"; TURNS=""
   fi
 }
-free_port() {  # a port no one listens on now, chosen by the OS: launchers side by side never share one
+free_port() {  # a port no one listens on now, chosen by the OS (launchers side by side)
   python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 }
 msrun_on() {  # msrun_on N SCRIPT ARGS...: SCRIPT on N processes: one, mpiexec on CPU, msrun on GPUs
