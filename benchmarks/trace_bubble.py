@@ -29,10 +29,9 @@ def compute_spans(trace_path):
     return spans
 
 
-def measured_costs(trace_path):
-    """(F, I, W) median milliseconds per micro-batch (a `W*` counts for every micro-batch;
-    without I and W, B stands for I and W is 0)."""
-    spans = compute_spans(trace_path)
+def measured_costs(spans):
+    """(F, I, W) median milliseconds per micro-batch of a trace's `spans` (a `W*` counts for
+    every micro-batch; without I and W, B stands for I and W is 0)."""
     micro_batches = len({e["name"].split(":")[0] for e in spans if e["name"][0] == "F"})
 
     def median(kind, share=1):
@@ -42,9 +41,8 @@ def measured_costs(trace_path):
     return median("F"), median("I") or median("B"), median("W", micro_batches if deferred else 1)
 
 
-def measured_bubble(trace_path):
-    """The recorded step's bubble: the fraction of stage-time no F, B, I or W ran."""
-    spans = compute_spans(trace_path)
+def measured_bubble(spans):
+    """The recorded step's bubble: the fraction of stage-time none of its `spans` ran."""
     start = min(e["ts"] for e in spans)
     end = max(e["ts"] + e["dur"] for e in spans)
     stages = {e["pid"] for e in spans}
@@ -61,10 +59,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     schedule = checked_schedule(args.schedule, args.stages, args.micro_batches,
                                 CHUNKS_PER_STAGE.get(args.schedule, 1), args.defer_wgrad)
-    cost = measured_costs(args.trace)
+    spans = compute_spans(args.trace)
+    cost = measured_costs(spans)
     simulated = simulate(schedule, action_costs(schedule, *cost), eager_sends=True).bubble
     print(f"costs (ms): F={cost[0]:g} I={cost[1]:g} W={cost[2]:g}")
-    print(f"bubble: {simulated:.4f} simulated, {measured_bubble(args.trace):.4f} in the trace")
+    print(f"bubble: {simulated:.4f} simulated, {measured_bubble(spans):.4f} in the trace")
 
 
 if __name__ == "__main__":

@@ -90,8 +90,9 @@ def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
               span("F0", 1, 3000, 2000), span("I0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    assert trace_bubble.measured_costs(trace) == (2.0, 2.0, 4.0)
-    assert trace_bubble.measured_bubble(trace) == pytest.approx(1 - 12000 / (2 * 11000))
+    spans = trace_bubble.compute_spans(trace)
+    assert trace_bubble.measured_costs(spans) == (2.0, 2.0, 4.0)
+    assert trace_bubble.measured_bubble(spans) == pytest.approx(1 - 12000 / (2 * 11000))
     trace_bubble.main([str(trace), "--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1"])
     assert capsys.readouterr().out == ("costs (ms): F=2 I=2 W=4\n"
                                        "bubble: 0.3333 simulated, 0.4545 in the trace\n")
@@ -107,8 +108,9 @@ def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
               span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    assert trace_bubble.measured_costs(trace) == (2.0, 1.0, 3.0)
-    assert trace_bubble.measured_bubble(trace) == pytest.approx(1 - 22000 / (2 * 14000))
+    spans = trace_bubble.compute_spans(trace)
+    assert trace_bubble.measured_costs(spans) == (2.0, 1.0, 3.0)
+    assert trace_bubble.measured_bubble(spans) == pytest.approx(1 - 22000 / (2 * 14000))
 
 
 @pytest.mark.parametrize("text", ["{}", "not json", '{"traceEvents": []}', '{"traceEvents": [1]}'])
