@@ -24,7 +24,8 @@
 #          --one-at-a-time (headline: each launch starts once the one before has ended; by
 #                           default they start together, each on its own devices, compile side
 #                           by side, then are timed one at a time: all of them on 4 or more
-#                           GPUs, each model's on fewer; GPUs under 64 GiB: one at a time)
+#                           GPUs or GPUs of 100 GiB, else each model's; GPUs under 64 GiB: one
+#                           at a time)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
 # (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
 set -euo pipefail
@@ -78,10 +79,10 @@ OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
-ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer than 4 GPUs one
-if [ "$DEVICE" = GPU ]; then   # batch per model (all of them would need ~70 GiB on each of 2 GPUs)
-  [ "$DEVICES" -ge 4 ] || ONE_BATCH=0
+ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer than 4 GPUs of
+if [ "$DEVICE" = GPU ]; then   # under 100 GiB one batch per model (one batch peaks at 74 GiB on 2)
   MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -n 1)
+  [ "$DEVICES" -ge 4 ] || [ "${MEM:-0}" -ge 102400 ] || ONE_BATCH=0
   if [ "$SIDE" = 1 ] && [ "${MEM:-0}" -lt 65536 ]; then   # (the GPT's one-GPU steps: 30 GiB each)
     SIDE=0; echo "(GPUs of $((${MEM:-0} / 1024)) GiB: one launch at a time; side by side needs 64 GiB a GPU)"
   fi
