@@ -4,13 +4,16 @@ receives. A reproduction with MindSpore's own operators, two GPUs:
     msrun --worker_num=2 --local_worker_num=2 --join=True --log_dir=logs benchmarks/send_wait.py
 
 Rank 0 sends to rank 1 with ops.Send over NCCL (PyNative, through pipe's wire) and prints the
-host's milliseconds in the Send call, the median of 20, in four cases:
+host's milliseconds in the Send call, the median of 20, in these cases:
   after-work  a Send just after issuing 20 products whose result it sends, the peer waiting
+  graph       the same Send compiled, as the one-graph mode's messages are (pipe.compiled)
+  add         an add in place of the Send, after the same work (no Send: the control)
   ready       a Send of a tensor already computed, the peer waiting
   late-peer   the same, the peer posting its Receive 30 ms later
   int32       an int32 (4, 512) tensor already computed (the GPT's mask), the peer waiting
 A Send that waits for its input takes the work's device time in "after-work"; one that waits
-for its peer takes 30 ms in "late-peer" (docs/performance.md, "Where the GPT's step goes").
+for its peer takes 30 ms in "late-peer"; "add" shows the host free to run ahead of the work
+(docs/performance.md, "Where the GPT's step goes").
 """
 import os
 import statistics
@@ -21,13 +24,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
-from mindspore import ops  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
 
+from pipe.compiled import Compiled  # noqa: E402
 from pipe.ops import cli  # noqa: E402
 from pipe.ops.cli import Parser, use_device  # noqa: E402
 from pipe.wire import MindSporeWire  # noqa: E402
 
-CASES = ("after-work", "ready", "late-peer", "int32")
+CASES = ("after-work", "graph", "add", "ready", "late-peer", "int32")
+AFTER_WORK = ("after-work", "graph", "add")       # the cases that send what was just issued
+
+
+class SendCell(nn.Cell):
+    """One Send, to be compiled."""
+
+    def __init__(self, send):
+        super().__init__(auto_prefix=False)
+        self.send = send
+
+    def construct(self, x):
+        return self.send(x)
 
 
 def main():
@@ -59,27 +75,30 @@ def main():
         return (time.perf_counter() - start) * 1e3
 
     results = {"the work (device, waited for)": [device_ms() for _ in range(5)]}
+    send = {"graph": Compiled(SendCell(ops.Send(7, 1, group=wire.world))),
+            "add": lambda y: y + 1}
     for case in CASES:
-        results[case] = [host_ms(case, wire, work, sync, a, mask) for _ in range(args.repeats)]
+        results[case] = [host_ms(case, wire, work, sync, a, mask, send)
+                         for _ in range(args.repeats)]
     if wire.rank == 0:
         for case, times in results.items():
             print(f"{case:30s} host {statistics.median(times):8.3f} ms (least {min(times):.3f})",
                   flush=True)
 
 
-def host_ms(case, wire, work, sync, a, mask):
+def host_ms(case, wire, work, sync, a, mask, send):
     """One Send of `case` from rank 0 to rank 1: rank 0's host milliseconds in the call."""
-    x = mask if case == "int32" else (a if case == "after-work" else work(a))
-    if case != "after-work":
+    x = mask if case == "int32" else (a if case in AFTER_WORK else work(a))
+    if case not in AFTER_WORK:
         x.asnumpy()                      # computed before the Send
     sync()
     took = 0.0
     if wire.rank == 0:
-        y = work(x) if case == "after-work" else x
+        y = work(x) if case in AFTER_WORK else x
         start = time.perf_counter()
-        wire.send(y, 1, 7)
+        send.get(case, lambda t: wire.send(t, 1, 7))(y)
         took = (time.perf_counter() - start) * 1e3
-    else:
+    elif case != "add":
         if case == "late-peer":
             time.sleep(0.03)
         wire.recv(x.shape, x.dtype, 0, 7).asnumpy()
