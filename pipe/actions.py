@@ -1,6 +1,6 @@
 """A rank's actions, each handler written once: run one by one, or traced into one graph.
 
-    the loop (one_graph off)               the step as one graph (pipe.fast.step_graph)
+    the loop (one_graph off)               the step as one graph (pipe.step)
     for action in actions.program:         def construct(...):     # compiled, one call
         state = actions.run(state,             for action in actions.program:
                             action, data)          state = actions.run(state, action, data)
@@ -22,7 +22,7 @@ from pipe.schedule import message_key, message_tag
 from pipe.schedules import EVERY
 from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 
-__all__ = ["Actions", "KeepResiduals", "Step", "encode", "take"]
+__all__ = ["Actions", "Loop", "KeepResiduals", "Step", "encode", "take"]
 
 MESSAGES = {"sF": "send", "sB": "send", "rF": "recv", "rB": "recv"}
 
@@ -137,10 +137,11 @@ class Actions(nn.Cell):
         self.order = ops.depend if ordered else first
         self.token = ms.Tensor(0.0, ms.float32)
 
-    def start(self, kept, waiting):
-        """A step's state, nothing in flight; `kept` and `waiting` are the stores the loop
-        counts bytes in (pipe.ops.memory)."""
-        return {"flight": {}, "kept": kept, "waiting": waiting, "grads": {}, "outputs": (),
+    def start(self, kept=None, waiting=None):
+        """A step's state, nothing in flight; the loop gives the stores `kept` and `waiting`
+        whose bytes it counts (pipe.ops.memory)."""
+        return {"flight": {}, "kept": {} if kept is None else kept,
+                "waiting": {} if waiting is None else waiting, "grads": {}, "outputs": (),
                 "sent": self.token, "done": self.token}
 
     def run(self, state, step, data):
@@ -250,6 +251,23 @@ class Actions(nn.Cell):
         state["flight"][key] = self.messages[index].recv(state["sent"])
         state["sent"] = self.order(state["sent"], state["flight"][key])
         return state
+
+
+class Loop(Actions):
+    """The handlers run one by one as Python, each inside `around(i)` (the engine's watch and
+    trace of action i); `stores()`, if given, makes a step's `kept` and `waiting`."""
+
+    def __init__(self, layout, p2p, stores, around):
+        super().__init__(layout, p2p, compiled=False)
+        self.stores, self.around = stores, around
+        self.position = {step: i for i, step in enumerate(self.program)}
+
+    def start(self, kept=None, waiting=None):
+        return super().start(*self.stores()) if self.stores else super().start()
+
+    def run(self, state, step, data):
+        with self.around(self.position[step]):
+            return super().run(state, step, data)
 
 
 def wire_op(p2p, action, shape, dtype, compiled):

@@ -5,7 +5,7 @@ from functools import cached_property
 import mindspore as ms
 import numpy as np
 
-__all__ = ["MicroBatches", "split", "as_tensor"]
+__all__ = ["MicroBatches", "split", "as_tensor", "replica_rows"]
 
 
 @dataclass
@@ -41,3 +41,10 @@ def split(config, inputs, labels, replica):
     first = replica * M
     return MicroBatches((inputs, labels), [slice((first + m) * size, (first + m + 1) * size)
                                            for m in range(M)])
+
+
+def replica_rows(batch):
+    """This replica's (inputs, labels), uncut: the step cuts them (pipe.step)."""
+    mine = slice(batch.cut[0].start, batch.cut[-1].stop)     # (np.shape: a Tensor's len is
+    return tuple(as_tensor(a if mine == slice(0, np.shape(a)[0]) else a[mine])   # an operator)
+                 for a in batch.source)

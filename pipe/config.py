@@ -1,6 +1,6 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message.
-`defer_wgrad` and `one_graph` left None are chosen by pipe at the first step
-(pipe.fast.defaults); every choice trains one process's model."""
+`defer_wgrad` and `one_graph` left None are decided by pipe when the engine is built
+(pipe.modes); every choice trains one process's model."""
 import re
 from dataclasses import dataclass, fields
 from typing import Optional, Union
@@ -36,7 +36,7 @@ class PipelineConfig:
     defer_wgrad: Optional[bool] = None   # W at the flush, over all micro-batches' rows at once
     timeout: float = 300.0               # seconds a send/receive may wait without progress
     seed: int = 0                        # dropout masks: drawn from (seed, step, layer, sample)
-    one_graph: Optional[bool] = None     # each step as one compiled graph (pipe.fast.step_graph)
+    one_graph: Optional[bool] = None     # each step as one compiled graph (pipe.step)
     precision: str = "fp32"              # "fp16": float16 compute, loss scaled (features.precision)
     tf32: bool = False                   # GPU: float32 products in TF32 (faster, 10-bit mantissa)
     loss_scale: float = 2.0 ** 16        # fp16: the loss scale S to start from
@@ -77,7 +77,7 @@ class PipelineConfig:
                              "positive finite number")
         if not isinstance(self.recompute, bool):
             raise ValueError(f"recompute={self.recompute!r} must be True or False")
-        for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.fast.defaults)
+        for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.modes)
             if not isinstance(getattr(self, name), (bool, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True, False or None "
                                  "(pipe chooses)")

@@ -3,8 +3,9 @@
     engine = PipelineEngine(model, loss_fn, make_optimizer, PipelineConfig(stages=2, ...))
     loss = engine.train_step(inputs, labels)    # the global mini-batch, same on every rank
 
-Each rank keeps its stage's layers (pipe.layout) and runs its schedule's actions with the
-handlers of pipe.actions, one by one or traced into one graph (pipe.fast.step_graph)."""
+Each rank keeps its stage's layers (pipe.layout) and runs one step function (pipe.step) over
+its schedule's actions, as Python or as one compiled graph (pipe.modes says which), then
+updates its weights."""
 import math
 import os
 import tempfile
@@ -14,12 +15,9 @@ from typing import NamedTuple
 
 import mindspore as ms
 
-from pipe.actions import Actions
-from pipe.batch import as_tensor, split
+from pipe.actions import Actions, Loop
+from pipe.batch import as_tensor, replica_rows, split
 from pipe.compiled import Compiled, scalar
-from pipe.fast.defaults import (LEFT, action_flops, announce, choose_defer, choose_graph,
-                                is_composite, most_of)
-from pipe.fast.step_graph import StepGraph, replica_rows, updates_in_graph
 from pipe.features.batchnorm import average_buffers
 from pipe.features.clip import clip_by_global_norm
 from pipe.features.dropout import draws
@@ -33,22 +31,18 @@ from pipe.ops.handshake import StageCheck, agreed, connect_stages
 from pipe.ops.memory import Memory
 from pipe.ops.watchdog import (PipelineError, Watch, WireTimeout, alike_on_every_rank,
                                end_job_on_uncaught)
+from pipe.step import Step
 from pipe.topology import Topology
 from pipe.wire import sum_over
 
 __all__ = ["PipelineEngine", "PipelineError", "prepare_process"]
 
 
-def flat(summed):
-    """Each chunk's gradient sums, one after the other."""
-    return tuple(g for grads in summed for g in grads)
-
-
 class Built(NamedTuple):
     """What the stages agreed for one batch shape, and the step built for it."""
     p2p: object          # this rank's messages (pipe.wire.PointToPoint)
     counter: object      # a (sum, count) loss's TokenCount, or None
-    step: object         # the handlers, run one by one (Actions) or as one graph (StepGraph)
+    step: object         # the step function (pipe.step.Step) for these shapes
 
 
 def counted_labels(batch, counter):
@@ -77,9 +71,8 @@ class PipelineEngine:
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         with alike_on_every_rank():
             config.check()
-        self.config = config = replace(config)     # this engine's copy; pipe's choices go elsewhere
+        self.config = config = replace(config)     # this engine's copy
         self.loss_fn, self.sample = loss_fn, sample
-        self.left = [name for name in LEFT if getattr(config, name) is None]
         self.wire = wire or connect(config.device, config.timeout)
         prepare_process(config, self.wire)
         self.topo = Topology(config.stages, config.data_parallel)
@@ -89,13 +82,12 @@ class PipelineEngine:
         self.replica = self.topo.replica_of(self.wire.rank)
         self.layout = plan(model, loss_fn, config, self.wire, sample)
         self.schedule, self.chunks = self.layout.schedule, self.layout.chunks
+        self.modes = self.layout.modes   # how every step runs (pipe.modes)
+        if self.modes.why and self.wire.rank == 0:
+            print(f"pipe: {self.modes}", flush=True)
         self.optimizer = make_optimizer(self.layout.params)
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
         self.step = 0                    # optimizer steps taken
-        # how steps run (run_as; pipe's choice: choose)
-        self.one_graph = self.update_in_graph = None
-        if config.one_graph is not None:
-            self.run_as(config.one_graph)
         self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
@@ -116,17 +108,21 @@ class PipelineEngine:
         if batch.shapes not in self.built:            # new shapes: the stages agree on them
             self.agree_shapes(batch)
         built = self.built[batch.shapes]
-        scale = self.loss_grad_scale(built.counter)   # (fp16: x S)
         masks = self.dropout_masks(batch, built.p2p)  # this step's, per unit
         for chunk in self.chunks:                     # (predict puts them in eval mode)
             chunk.set_mode(True)
-        losses, grads, overflowed, count = self.run_actions(batch, built, masks, scale)
+        losses, grads, count = self.run_step(built.step, self.step_inputs(batch, built, masks))
         weight = self.loss_weight(count)              # what each micro-batch's loss counts
-        if not self.update_in_graph:
-            self.update_weights(grads)
-        elif self.scaler:                             # the graph stepped, unless it overflowed
-            self.scaler.update(overflowed)
+        self.update_weights(grads)
         return self.step_loss(losses, weight)
+
+    @property
+    def one_graph(self):
+        return self.modes.one_graph
+
+    @property
+    def defer_wgrad(self):
+        return self.modes.defer_wgrad
 
     @property
     def mean_weight(self):
@@ -141,54 +137,32 @@ class PipelineEngine:
         total = float(count.asnumpy())
         if total <= 0:
             self.watch.end(self.schedule)        # the step ends here: the user's code runs next
-            stepped = self.update_in_graph and not self.scaler
             raise ValueError(f"loss_fn counts {total:g} targets in this step's whole batch: its "
-                             "token mean (sum / count) is undefined; leave such batches out" +
-                             ("; the step's graph stepped the optimizer on its gradients of 0 / 0 "
-                              "(nan, as one process's would be): resume from a checkpoint"
-                              if stepped else ""))
+                             "token mean (sum / count) is undefined; leave such batches out")
         return 1.0 / total
 
-    def run_actions(self, batch, built, masks, scale):
-        """This rank's actions, one by one or as one graph: (its losses' sum, each chunk's
-        summed weight gradients, whether the graph's gradients overflowed, a (sum, count) loss's
-        count or None)."""
+    def run_step(self, step, inputs):
+        """The step function (pipe.step) on `inputs`: (this rank's losses' sum, its weight
+        gradients summed over the micro-batches, a (sum, count) loss's count or None). The loop
+        watches each action; one graph is watched as one piece, until its messages are done."""
         self.watch.begin(self.schedule)  # (a schedule's first step compiles: not timed)
+        if not step.one_graph:
+            losses, grads, _, count = step.run(*inputs)
+        else:
+            with self.watch.at("the step's compiled graph"), self.span("step graph"):
+                losses, grads, sent, count = step.run(*inputs)
+                if step.sends:           # waits inside the watch: a failed message is this step's
+                    sent.asnumpy()
+        return losses, grads, count if step.counter is not None else None
+
+    def step_inputs(self, batch, built, masks):
+        """The step's inputs: this replica's rows and labels, the dropout masks, the loss
+        gradient's scale (in one graph a plain number it folds in, unless fp16's scale or a
+        (sum, count) loss's count moves it), a (sum, count) loss's labels."""
         counter = built.counter
-        if not self.one_graph:
-            scale, count = counter(counted_labels(batch, counter), scale) if counter else \
-                (scale, None)
-            actions = built.step
-            start = actions.start(self.memory.store("kept", batch.shapes),
-                                  self.memory.store("waiting", batch.shapes))
-            state = self.run_loop(actions, self.schedule, start,
-                                  (batch.inputs, batch.labels, masks, scale))
-            summed = actions.summed(state)
-            return loss_sum(state["outputs"]), flat(summed), None, count
-        graph = built.step
-        with self.watch.at("the step's compiled graph"), self.span("step graph"):
-            inputs = self.graph_inputs(batch, counter, masks, scale)
-            losses, summed, sent, overflow, count = graph(*inputs)
-            if graph.sends:              # waits inside the watch: a failed message is this step's
-                sent.asnumpy()           # (with no message, none can fail: the loss's read waits)
-        overflowed = bool(overflow.asnumpy()[0]) if graph.unscale is not None else None
-        return losses, flat(summed), overflowed, count if counter else None
-
-    def run_loop(self, actions, schedule, state, data):
-        """Run `actions`' program one handler at a time, each watched and traced."""
-        for i, action in enumerate(actions.program):
-            with self.around(schedule, i):
-                state = actions.run(state, action, data)
-        return state
-
-    def graph_inputs(self, batch, counter, masks, scale):
-        """The step graph's inputs: rows, labels, masks, the loss gradient's scale (a
-        number the graph folds in where it never changes), 1 / S in fp16, a (sum, count) loss's
-        labels; `()` for what the graph does not use."""
-        if not (self.scaler or counter):
-            scale = self.mean_weight
-        inverse = self.scaler.inverse() if self.scaler and self.update_in_graph else ()
-        return (*replica_rows(batch), masks, scale, inverse, counted_labels(batch, counter))
+        fixed = self.one_graph and not (self.scaler or counter)
+        scale = self.mean_weight if fixed else self.loss_grad_scale(counter)
+        return (*replica_rows(batch), masks, scale, counted_labels(batch, counter))
 
     def loss_grad_scale(self, counter):
         """The loss gradient's scale as a tensor: `mean_weight` for a scalar loss (a (sum, count)
@@ -245,11 +219,6 @@ class PipelineEngine:
         return ms.mutable(masks) if any(masks) else masks
 
     @property
-    def defer_wgrad(self):
-        """Whether W runs at the flush: the config's, or pipe's choice."""
-        return self.layout.defer_wgrad
-
-    @property
     def peak_bytes(self):
         """The most activation bytes the loop held in flight at once (pipe.ops.memory)."""
         return self.memory.peak
@@ -279,53 +248,21 @@ class PipelineEngine:
         if not training:
             return p2p
         counter = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None
-        if self.left:                    # once: what the config left to pipe
-            self.choose(p2p)
-        step = self.build_graph(batch, p2p, counter) if self.one_graph else \
-            Actions(self.layout, p2p, compiled=False)
-        self.built[batch.shapes] = Built(p2p, counter, step)
+        self.built[batch.shapes] = built = Built(p2p, counter, self.build_step(batch, p2p, counter))
+        if self.one_graph and self.wire.size > 1:   # a compile that fails anywhere fails everywhere
+            inputs = self.step_inputs(batch, built, self.dropout_masks(batch, p2p, drawn=False))
+            agreed(self.wire, lambda: built.step.prepare(*inputs), "compiling the step as one graph")
         return p2p
 
-    def build_graph(self, batch, p2p, counter):
-        """The step as one graph for these shapes; with other ranks compiled now on all
-        at once, so that a compile that fails anywhere fails everywhere before any message."""
-        stepping = self.update_in_graph
-        masks = self.dropout_masks(batch, p2p, drawn=False)
-        unscale = self.scaler.unscale_cell if stepping and self.scaler else None
-        graph = StepGraph(Actions(self.layout, p2p, compiled=True),
-                          self.update if stepping else None, unscale, counter)
-        if self.wire.size > 1:
-            inputs = self.graph_inputs(batch, counter, masks, self.loss_grad_scale(counter))
-            agreed(self.wire, lambda: graph.prepare(*inputs), "compiling the step as one graph")
-        return graph
-
-    def run_as(self, one_graph):
-        """One graph or the loop; with one graph and nothing to all-reduce, the optimizer
-        steps inside the graph."""
-        self.one_graph = one_graph
-        self.update_in_graph = one_graph and updates_in_graph(self.layout)
-
-    def choose(self, p2p):
-        """What the config left to pipe (pipe.fast.defaults), chosen once at the first
-        shapes by every rank's vote, and said in one line by rank 0."""
-        choices = []
-        layers = [layer for chunk in self.chunks for layer in chunk.layers]
-        composite = most_of(self.wire, sum(map(is_composite, layers))) > 0
-        if "defer_wgrad" in self.left:
-            buffers = most_of(self.wire, len(self.layout.buffers)) > 0
-            defer, why = choose_defer(self.config, buffers, composite)
-            self.layout.defer(defer)
-            self.schedule = self.layout.schedule
-            choices.append(why)
-        if "one_graph" in self.left:
-            specs = [p2p.specs[vs] for vs in self.layout.virtual_stages_held]
-            flops = most_of(self.wire, action_flops(self.chunks, specs))
-            one_graph, why = choose_graph(self.config, flops, composite)
-            self.run_as(one_graph)
-            choices.append(why)
-        self.left = []
-        if self.wire.rank == 0:
-            print(announce(choices), flush=True)
+    def build_step(self, batch, p2p, counter):
+        """The step function for these shapes: its handlers traced into one graph, or run as
+        the loop, each action watched and its bytes in flight counted."""
+        if self.one_graph:
+            return Step(Actions(self.layout, p2p, compiled=True), counter, one_graph=True)
+        stores = (lambda: (self.memory.store("kept", batch.shapes),
+                           self.memory.store("waiting", batch.shapes)))
+        return Step(Loop(self.layout, p2p, stores, lambda i: self.around(self.schedule, i)),
+                    counter, one_graph=False)
 
     # ---- beyond the step --------------------------------------------------------------
     def predict(self, inputs, broadcast=True):

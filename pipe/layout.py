@@ -18,11 +18,13 @@ from pipe.features.precision import check_layer_precision, to_half
 from pipe.features.recompute import Recompute
 from pipe.features.token_loss import LossTerm
 from pipe.features.tied import tied_weights
+from pipe.modes import Modes, decide, facts_of
 from pipe.ops.handshake import agreed
 from pipe.ops.watchdog import alike_on_every_rank
 from pipe.ops.predict import forward_only
 from pipe.ops.simulator import checked_schedule
 from pipe.partition import check_model, partition, stage_bounds, timed_costs
+from pipe.schedules import make_schedule
 from pipe.topology import Topology
 
 __all__ = ["Layout", "build_layout", "make_chunk", "plan", "distinct_params"]
@@ -41,7 +43,7 @@ class Layout:
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
     keep: object         # what F keeps for the backward (pipe.actions.KeepResiduals)
-    defer_wgrad: bool = False   # W at the flush (the config's, or pipe's choice: defer)
+    modes: Modes         # how the step runs (pipe.modes), decided before the schedule is made
 
     @property
     def stage(self):
@@ -85,13 +87,6 @@ class Layout:
         return [k not in self.copies or self.rank == min(self.copies[k])
                 for k in range(len(self.params))]
 
-    def defer(self, defer_wgrad):
-        """Run W at the flush or per micro-batch (pipe's choice, at the first step)."""
-        c = self.config
-        self.defer_wgrad = defer_wgrad
-        self.schedule = checked_schedule(c.schedule, c.stages, c.micro_batches,
-                                         c.chunks_per_stage, defer_wgrad)
-
     def describe(self):
         """The layout a checkpoint records in its meta.json (resuming may use another)."""
         c = self.config
@@ -132,16 +127,21 @@ def plan(model, loss_fn, config, wire, sample=None):
     costs = config.partition if config.partition != "time" else \
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
-    return agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
+    parts = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
+    modes = decide(config, facts_of(wire, parts["chunks"]))
+    P, M, v = config.stages, config.micro_batches, config.chunks_per_stage
+    schedule = checked_schedule(config.schedule, P, M, v, modes.defer_wgrad)
+    return Layout(config=config, schedule=schedule, modes=modes, **parts)
 
 
 def build_layout(model, loss_fn, config, rank, costs):
-    """The chunks of `rank`, split by `costs` (a partition method or measured layer costs)."""
+    """The parts of `rank`'s Layout but its schedule and modes: its chunks, split by `costs`
+    (a partition method or measured layer costs)."""
     topo = Topology(config.stages, config.data_parallel)
     if isinstance(model, LayerBuilders):
         model.build_tied()
     P, M, v = config.stages, config.micro_batches, config.chunks_per_stage
-    schedule = checked_schedule(config.schedule, P, M, v, bool(config.defer_wgrad))
+    schedule = make_schedule(config.schedule, P, M, v)     # where each chunk runs
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, P, costs, chunks_per_stage=v)
     chunks, bounds, names = [], [], []
@@ -163,5 +163,6 @@ def build_layout(model, loss_fn, config, rank, costs):
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     keep = Recompute() if config.recompute else KeepResiduals()
-    return Layout(config, topo, rank, schedule, forward_only(schedule), all_bounds,
-                  chunks, bounds, names, tied, keep, bool(config.defer_wgrad))
+    return dict(topo=topo, rank=rank, forward_only=forward_only(schedule),
+                all_bounds=all_bounds, chunks=chunks, bounds=bounds, names=names, tied=tied,
+                keep=keep)

@@ -105,7 +105,7 @@ class Job:
 
 
 # The example's flags for the per-action loop with W per micro-batch, put before a test's
-# own (the last of --one-graph / --no-one-graph wins): what pipe chooses is tests/test_defaults.py's.
+# own (the last of --one-graph / --no-one-graph wins): what pipe chooses is tests/test_modes.py's.
 LOOP_FLAGS = ["--no-one-graph", "--no-defer-wgrad"]
 
 
@@ -179,5 +179,5 @@ def assert_like_one_process(directory, weights, losses, atol=2e-5, rtol=1e-5):
 
 def loop_config(**fields):
     """A PipelineConfig with the per-action loop and W per micro-batch unless `fields` say
-    otherwise: what each feature's tests pin (tests/test_defaults.py: what pipe chooses)."""
+    otherwise: what each feature's tests pin (tests/test_modes.py: what pipe chooses)."""
     return PipelineConfig(**{"defer_wgrad": False, "one_graph": False, **fields})

@@ -198,6 +198,6 @@ def pipe_run(spec, communicator):
     wire = sorted({str(dtype) for vs, spec in p2p.specs.items()   # between the stages
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
-                    "update_in_graph": engine.update_in_graph, "wire_dtypes": wire,
+                    "wire_dtypes": wire,
                     "defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph,
                     "grad_dtypes": sorted(summed)}

@@ -7,7 +7,7 @@ runs step 3's whole batch makes the first layer's weight gradient overflow in on
 process's float16 product while each micro-batch's and each replica's fits
 (mlp_run.batches): every mode, the loop and one graph, W deferred or per micro-batch, on
 1x1, 2x1, 2x2 and ZB-V 2x2, must skip that step on every rank and halve S as the single
-process does (one stage as one graph: test_step_graph.py, bitwise this loop). The
+process does (one stage as one graph: test_step.py, bitwise this loop). The
 tolerances are float16's: whole-batch and micro-batch products round
 differently, 1e-3 of a weight's change.
 """

@@ -197,7 +197,7 @@ def block(width, heads):
     pieces whose weights each sit in one cell (one product or one norm). pipe keeps each
     piece's input and differentiates piece by piece, so a weight gradient (W) is that one
     product again, over all micro-batches at once if deferred, and not the whole block's
-    forward and backward (pipe.fast.defaults)."""
+    forward and backward (pipe.modes)."""
     return nn.SequentialCell([Norm(width), Product(width, 3 * width), Attend(heads),
                               Residual(width, width),
                               Norm(width), Product(width, 4 * width), Gelu(),

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 from mindspore import ops
 
-from pipe.actions import Actions
+from pipe.actions import Loop
 from pipe.batch import MicroBatches
 from pipe.schedule import Action, lower
 
@@ -19,11 +19,11 @@ def forward_only(schedule):
     return lower(type(schedule)("forward-only", P, M, [list(F) for _ in range(P)], v))
 
 
-class Predicting(Actions):
+class Predicting(Loop):
     """The training step's handlers with F as predict's: eval mode, keeping nothing."""
 
-    def __init__(self, layout, p2p):
-        super().__init__(layout, p2p, compiled=False)
+    def __init__(self, layout, p2p, around):
+        super().__init__(layout, p2p, None, around)
         self.chunks = layout.chunks
 
     def forward(self, state, mb, c, takes, puts, data):
@@ -50,13 +50,15 @@ def predict(engine, inputs, broadcast):
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
         p2p = engine.agree_shapes(batch, training=False)
         layout = replace(engine.layout, schedule=schedule)
-        actions = Predicting(layout, p2p)
+        actions = Predicting(layout, p2p, lambda i: engine.around(schedule, i))
         engine.predicting[batch.shapes] = actions, p2p, engine.output_spec
     actions, p2p, output_spec = engine.predicting[batch.shapes]
     for chunk in engine.chunks:
         chunk.set_mode(False)
     engine.watch.begin(schedule)
-    state = engine.run_loop(actions, schedule, actions.start({}, {}), (batch.inputs,))
+    state = actions.start()
+    for action in actions.program:
+        state = actions.run(state, action, (batch.inputs,))
     engine.watch.end(schedule)
     last = engine.chunks[-1].is_last
     out = ops.cat(state["outputs"]) if last else None

@@ -1,6 +1,6 @@
-"""pipe.fast.step_graph: a rank's lowered actions as the Steps its handlers read
-(pipe.actions.encode), and the loop and the graph training the same bits (in process;
-tests/test_transparency.py trains with it on several ranks)."""
+"""pipe.step: a rank's lowered actions as the Steps its handlers read (pipe.actions.encode),
+and the one step function, run as the loop and as one graph, training the same bits (in
+process; tests/test_transparency.py trains with it on several ranks)."""
 import glob
 import os
 from contextlib import contextmanager
@@ -78,7 +78,6 @@ def test_what_the_loop_runs_one_graph_runs_bitwise():
             sparse=True, reduction="mean"), lambda params: nn.Adam(params, 1e-2), config)
         losses = [engine.train_step(x, y) for x, y in batches]
         runs.append((losses, {n: p.asnumpy() for n, p in engine.parameters_dict().items()}))
-    assert engine.update_in_graph
     (losses, loop), (graph_losses, graph) = runs
     assert len(loop) == 8               # 2 x (weight, bias) + gamma, beta, mean, variance
     assert losses == graph_losses and all((loop[n] == graph[n]).all() for n in loop)
@@ -94,8 +93,8 @@ def test_a_deferred_w_starts_its_chunks_sum():
 @pytest.mark.parametrize("name,defer_wgrad", [("sgd", False), ("adam", False), ("sgd", True)])
 def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad):
     """1F1B on one stage, 4 micro-batches: B sums each micro-batch's gradients into the
-    last (no split backward), inside the graph as the loop does it between calls; with
-    nothing to all-reduce, the optimizer (Adam: and its moments) steps inside it too.
+    last (no split backward), inside the graph as the loop does it between calls; the
+    optimizer (Adam: and its moments) steps after either.
     Deferred, W* takes the 4 micro-batches' rows at once, cut and joined in the graph.
     (Dropout's masks in the graph: tests/test_transparency.py.)"""
     import mindspore as ms
@@ -110,7 +109,6 @@ def test_one_stage_as_one_graph_is_bitwise_the_per_action_loop(name, defer_wgrad
         engine = PipelineEngine(build_model(7), LOSS, optimizer(name), config)
         losses = [engine.train_step(x, y) for x, y in batches(7)]
         runs.append((losses, [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]))
-    assert engine.update_in_graph
     (losses, loop), (graph_losses, graph) = runs
     assert losses == graph_losses and all((a == b).all() for a, b in zip(loop, graph))
 
@@ -149,9 +147,9 @@ def test_layers_handing_on_tuples_train_as_one_graph_at_every_micro_batch_count(
     assert graph_losses == pytest.approx(plain_losses, rel=1e-5)
 
 
-def test_fp16_on_one_rank_steps_inside_the_graph_bitwise_the_loop_and_skips_an_overflow():
-    """One stage in fp16: the graph unscales, checks every gradient and steps only if none
-    overflowed (step 3's input overflows), as the loop does between its calls."""
+def test_fp16_on_one_rank_as_one_graph_is_bitwise_the_loop_and_skips_an_overflow():
+    """One stage in fp16: after the graph or the loop, the step unscales, checks every
+    gradient and steps only if none overflowed (step 3's input overflows)."""
     import mindspore as ms
     from mlp_run import BATCH, FP16_STEPS, LOSS, batches, build_model, optimizer
 
@@ -167,7 +165,6 @@ def test_fp16_on_one_rank_steps_inside_the_graph_bitwise_the_loop_and_skips_an_o
             engine.train_step(x, y)
             scales.append(engine.scaler.value)
         runs.append((scales, [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]))
-    assert engine.update_in_graph
     (scales, loop), (graph_scales, graph) = runs
     assert scales == graph_scales == [2.0 ** 14] * 2 + [2.0 ** 13] * (FP16_STEPS - 2)
     assert all((a == b).all() for a, b in zip(loop, graph))
@@ -211,30 +208,6 @@ def saved_graphs(directory):
     finally:
         ms.set_context(save_graphs=0)
         del os.environ["MS_DEV_DUMP_IR_PASSES"]
-
-
-@pytest.mark.parametrize("defer_wgrad", [False, True])
-def test_each_weight_steps_as_soon_as_its_gradient_is_final(defer_wgrad, tmp_path):
-    """With the optimizer inside the graph, MindSpore runs each weight's update right after
-    that weight's gradient (summed over 2 micro-batches) is computed, so the gradients are
-    freed one by one, as in MindSpore's own step, rather than every gradient alive until the
-    backward ends: in the kernel graph's execution order (MindSpore's saved IR) the first
-    SGD comes before the last MatMul of the backward."""
-    import re
-
-    from mlp_run import BATCH, LOSS, batches, build_model, optimizer
-
-    from pipe.engine import PipelineEngine
-    with saved_graphs(tmp_path) as files:
-        config = PipelineConfig(micro_batches=2, batch_size=BATCH, one_graph=True, defer_wgrad=defer_wgrad)
-        engine = PipelineEngine(build_model(7), LOSS, optimizer("sgd"), config)
-        engine.train_step(*batches(7)[0])
-    assert engine.update_in_graph
-    orders = [re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(MatMul|SGD)\(", open(path).read(), re.M)
-              for path in files()]
-    order = max(orders, key=lambda names: names.count("SGD"))      # the step's graph
-    last_product = len(order) - 1 - order[::-1].index("MatMul")
-    assert order.count("SGD") == 8 and order.index("SGD") < last_product, " ".join(order)
 
 
 @pytest.mark.parametrize("one_graph", [False, True])
@@ -288,43 +261,41 @@ def small_engine(layers, loss_fn=None, **config):
 
 def test_a_prepared_step_runs_what_was_compiled(tmp_path):
     """With other ranks the engine compiles the step before its first call, on every rank at
-    once (StepGraph.prepare, the dropout masks keeping every unit): that call then runs what
+    once (Step.prepare, the dropout masks keeping every unit): that call then runs what
     was compiled, with this step's masks, and compiles nothing more."""
     from pipe.batch import split
-    from pipe.fast.step_graph import StepGraph
+    from pipe.step import Step
     engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)],
                                 micro_batches=2, one_graph=True, defer_wgrad=False)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
-    p2p, _, built = engine.built[batch.shapes]
-    graph = StepGraph(built.actions, built.update)                              # not compiled yet
-    scale = engine.loss_grad_scale(None)                                        # (fp32: a number)
+    built = engine.built[batch.shapes]
+    step = Step(built.step.actions, None, one_graph=True)                      # not compiled yet
     with saved_graphs(tmp_path) as files:
-        graph.prepare(*engine.graph_inputs(batch, None, engine.dropout_masks(batch, p2p, drawn=False), scale))
+        step.prepare(*engine.step_inputs(batch, built, engine.dropout_masks(batch, built.p2p,
+                                                                           drawn=False)))
         prepared = len(files())
-        graph(*engine.graph_inputs(batch, None, engine.dropout_masks(batch, p2p), scale))
+        step.run(*engine.step_inputs(batch, built, engine.dropout_masks(batch, built.p2p)))
         assert prepared > 0 and len(files()) == prepared, (prepared, len(files()))
 
 
-@pytest.mark.parametrize("precision,counted", [("fp32", False), ("fp16", False), ("fp32", True)])
-def test_a_call_gives_only_what_is_used(precision, counted):
-    """Alone, the graph steps inside and hands back the loss, and `()` for the gradients and
-    the message token (it has no message); the overflow flag only where it unscales (fp16),
-    the count only for a (sum, count) loss."""
+@pytest.mark.parametrize("one_graph,counted", [(False, False), (True, False), (True, True)])
+def test_a_step_gives_the_losses_the_gradients_and_the_count(one_graph, counted):
+    """Run as the loop or as one graph, the step function hands back the losses' sum, the
+    weight gradients (one Dense: weight and bias), a token for its messages and the count
+    only for a (sum, count) loss."""
     import mindspore as ms
     from mlp_run import TokenLoss
 
     from pipe.batch import split
     engine, x, y = small_engine([nn.Dense(6, 3)], TokenLoss() if counted else None,
-                                one_graph=True, precision=precision)
+                                one_graph=one_graph)
     engine.train_step(x, y)
     batch = split(engine.config, x, y, 0)
-    p2p, counter, graph = engine.built[batch.shapes]
-    scale = engine.loss_grad_scale(counter)
-    loss, summed, sent, overflow, count = graph(*engine.graph_inputs(
-        batch, counter, engine.dropout_masks(batch, p2p), scale))
-    assert isinstance(loss, ms.Tensor) and summed == () and sent == ()
-    assert overflow.asnumpy().tolist() == [0.0] if precision == "fp16" else overflow == ()
+    built = engine.built[batch.shapes]
+    loss, grads, sent, count = built.step.run(*engine.step_inputs(
+        batch, built, engine.dropout_masks(batch, built.p2p)))
+    assert isinstance(loss, ms.Tensor) and [g.shape for g in grads] == [(3, 6), (3,)]
     assert count.asnumpy().tolist() == 8.0 if counted else count == ()
 
 
