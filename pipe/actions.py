@@ -148,11 +148,9 @@ class Actions(nn.Cell):
         """One Step of `program` on `state`; returns the state."""
         if step.kind == "F":
             return self.forward(state, step.mb, step.chunk, step.takes, step.puts, data)
-        if step.kind == "B":
+        if step.kind in ("B", "I"):
             return self.backward(state, step.mb, step.chunk, step.takes, step.puts,
-                                 step.starts_sum, data)
-        if step.kind == "I":
-            return self.input_grad(state, step.mb, step.chunk, step.takes, step.puts, data)
+                                 step.starts_sum, data, step.kind == "B")
         if step.kind == "W":
             return self.weight_grad(state, step.mb, step.chunk, step.starts_sum)
         if step.kind == "send":
@@ -192,26 +190,19 @@ class Actions(nn.Cell):
             state["flight"][puts] = out
         return state
 
-    def backward(self, state, mb, c, takes, puts, first_sum, data):
-        """B: chunk c's whole backward of micro-batch mb, its weight gradients added to the
-        chunk's sums, the input gradient handed on."""
-        copies = self.kept_buffers[c].save()          # a backward moves no buffer
-        residuals, dy = self.restored(state, mb, c, takes, data)
-        dx, grads = self.backwards[c](dy, *variables(residuals))
-        state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
-        state["done"] = self.order(self.order(state["done"], state["grads"][c]), dx)
-        self.kept_buffers[c].put_back(copies, state["done"])
-        if puts >= 0:
-            state["flight"][puts] = dx
-        return state
-
-    def input_grad(self, state, mb, c, takes, puts, data):
-        """I: the input gradient only; what W needs waits in `waiting`."""
+    def backward(self, state, mb, c, takes, puts, first_sum, data, whole):
+        """B (`whole`): chunk c's backward of micro-batch mb, its weight gradients added to
+        the chunk's sums; I: the input gradient only, what W will read left waiting. Either
+        hands the input gradient on, and moves no buffer."""
         copies = self.kept_buffers[c].save()
         residuals, dy = self.restored(state, mb, c, takes, data)
-        dx, stashed = self.input_grads[c](dy, *variables(residuals))
-        state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + stashed
-        state["done"] = self.order(self.order(state["done"], stashed), dx)
+        cell = self.backwards[c] if whole else self.input_grads[c]
+        dx, given = cell(dy, *variables(residuals))
+        if whole:
+            state["grads"][c] = given = with_sums(state["grads"].get(c), given, first_sum)
+        else:
+            state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + given
+        state["done"] = self.order(self.order(state["done"], given), dx)
         self.kept_buffers[c].put_back(copies, state["done"])
         if puts >= 0:
             state["flight"][puts] = dx

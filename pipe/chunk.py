@@ -49,17 +49,17 @@ class Chunk:
             piece = rule.forward_piece(self, i, piece)
         return piece
 
-    def backward_piece(self, i, input_grad, make=LayerGrad):
-        """Layer i's backward, (its residual, dy) -> (dx, weight grads); `make` is LayerGrad
-        for B, LayerInputGrad for I."""
-        grad = make(self.layers[i], input_grad)
+    def backward_piece(self, i, input_grad, weights=True):
+        """Layer i's backward, (its residual, dy) -> (dx, its weight gradients (B) or what W
+        reads (I: no `weights`)): pipe.layers.LayerGrad."""
+        grad = LayerGrad(self.layers[i], input_grad, weights)
         for rule in self.rules:
             grad = rule.backward_piece(self, i, grad)
         return grad
 
-    def layer_grads(self, input_grad, make=LayerGrad):
+    def layer_grads(self, input_grad, weights=True):
         """Every layer's backward, last first, each knowing its residual's index."""
-        return last_first([self.backward_piece(i, input_grad or i > 0, make)
+        return last_first([self.backward_piece(i, input_grad or i > 0, weights)
                            for i in range(len(self.layers))], self.residual_of)
 
     def set_mode(self, training):

@@ -8,7 +8,7 @@ forward inside its backward is dead code, which the compiler drops."""
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["leaves", "is_plain_sequence", "gradient_positions", "per_weight", "add_grads",
+__all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight", "add_grads",
            "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
            "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
            "Infer", "Buffers", "buffers_of"]
@@ -101,26 +101,44 @@ class Forward(nn.Cell):
         return (loss, dlogits), residuals
 
 
-class LayerGrad(nn.Cell):
-    """(x, dy) -> (dx, weight grads), dx a tuple for a tuple x; no dx without `input_grad`."""
+def is_norm(layer):
+    """Whether every weight of `layer` is a layer norm's (its gradients come with dx)."""
+    owners = [cell for _, cell in layer.cells_and_names() if cell.trainable_params(recurse=False)]
+    return bool(owners) and all(isinstance(cell, nn.LayerNorm) for cell in owners)
 
-    def __init__(self, layer, input_grad=True):
+
+class LayerGrad(nn.Cell):
+    """A layer's backward at its kept input: (x, dy) -> (dx, what it gives beside), dx a
+    tuple for a tuple x, none without `input_grad`. Beside dx: B (`weights`) the weight
+    gradients; I (no `weights`) what W will read, dy for a layer with weights, or a layer
+    norm's weight gradients (its kernel gives them with dx: W only adds them up)."""
+
+    def __init__(self, layer, input_grad=True, weights=True):
         super().__init__(auto_prefix=False)
         self.layer, self.guarded = layer, Differentiable(layer)
         self.weights = ms.ParameterTuple(layer.trainable_params())
         self.input_grad = input_grad
-        self.grad = ops.GradOperation(get_all=input_grad or not self.weights,
-                                      get_by_list=bool(self.weights), sens_param=True)
+        self.nested = not weights and is_norm(layer)         # I of a norm: (dx, (dw,))
+        self.stash = bool(self.weights) and not (weights or self.nested)   # I: dy for W
+        with_weights = bool(self.weights) and not self.stash
+        self.grad = ops.GradOperation(get_all=input_grad or not with_weights,
+                                      get_by_list=with_weights, sens_param=True)
 
     def construct(self, x, dy):
         layer = self.guarded if has_bool(arguments(x)) else self.layer
-        if not self.weights:
-            dx, dw = self.grad(layer)(*arguments(x), dy), ()
-        elif not self.input_grad:
-            return dy, self.grad(layer, self.weights)(*arguments(x), dy)
+        stashed = (dy,) if self.stash else ()
+        if not self.input_grad:              # (the chunk's first layer on the first stage)
+            if self.stash or not self.weights:
+                return dy, stashed
+            return dy, self.nest(self.grad(layer, self.weights)(*arguments(x), dy))
+        if self.stash or not self.weights:
+            dx, given = self.grad(layer)(*arguments(x), dy), stashed
         else:
-            dx, dw = self.grad(layer, self.weights)(*arguments(x), dy)
-        return (dx if isinstance(x, tuple) else dx[0]), dw
+            dx, given = self.grad(layer, self.weights)(*arguments(x), dy)
+        return (dx if isinstance(x, tuple) else dx[0]), self.nest(given)
+
+    def nest(self, given):
+        return (given,) if self.nested else given
 
 
 def residual_indices(pieces):

@@ -8,39 +8,10 @@ norm's backward gives dx and its weight gradients at once: I keeps those, W sums
 import mindspore as ms
 from mindspore import nn, ops
 
-from pipe.layers import (Backward, Differentiable, LayerGrad, arguments, gradient_positions,
-                         has_bool, per_weight)
+from pipe.layers import (Backward, Differentiable, arguments, gradient_positions, has_bool,
+                         is_norm, per_weight)
 
 __all__ = ["split_cells", "rows_of"]
-
-
-def is_norm(layer):
-    """Whether every weight of `layer` is a layer norm's (its gradients come with dx)."""
-    owners = [cell for _, cell in layer.cells_and_names() if cell.trainable_params(recurse=False)]
-    return bool(owners) and all(isinstance(cell, nn.LayerNorm) for cell in owners)
-
-
-class LayerInputGrad(nn.Cell):
-    """(x, dy) -> (dx, what W needs: (dy,) for a layer with weights, a norm's weight
-    gradients, else ())."""
-
-    def __init__(self, layer, input_grad=True):
-        super().__init__(auto_prefix=False)
-        self.layer, self.guarded = layer, Differentiable(layer)
-        self.keep = bool(layer.trainable_params())
-        self.norm = LayerGrad(layer, input_grad) if is_norm(layer) else None
-        self.input_grad = input_grad
-        self.grad = ops.GradOperation(get_all=True, sens_param=True)
-
-    def construct(self, x, dy):
-        if self.norm is not None:            # dx and the weight gradients from one kernel
-            dx, dw = self.norm(x, dy)
-            return dx, (dw,)
-        stash = (dy,) if self.keep else ()
-        if not self.input_grad:
-            return dy, stash
-        dx = self.grad(self.guarded if has_bool(arguments(x)) else self.layer)(*arguments(x), dy)
-        return (dx if isinstance(x, tuple) else dx[0]), stash
 
 
 class WeightGrad(nn.Cell):
@@ -74,8 +45,9 @@ class WeightGrad(nn.Cell):
 
 
 def split_cells(chunk):
-    """The chunk's I (a Backward of LayerInputGrads: dx, and what W needs) and W cells."""
-    return (Backward(chunk.layer_grads(not chunk.is_first, LayerInputGrad)),
+    """The chunk's I (a Backward of LayerGrads without weights: dx, and what W needs) and W
+    cells."""
+    return (Backward(chunk.layer_grads(not chunk.is_first, weights=False)),
             WeightGrad(chunk.layers, chunk.residual_of))
 
 

@@ -74,10 +74,8 @@ def forward(actions, state, mb, x, masks=()):
 def backward(actions, state, mb, dy, kind="B", first_sum=True):
     state["flight"][DY + mb] = dy
     data = (None, None, None, ONE)                # (recompute's forward: the kept input)
-    if kind == "B":
-        state = actions.backward(state, mb, 0, DY + mb, DX + mb, int(first_sum), data)
-    else:
-        state = actions.input_grad(state, mb, 0, DY + mb, DX + mb, data)
+    state = actions.backward(state, mb, 0, DY + mb, DX + mb, first_sum and kind == "B", data,
+                             whole=kind == "B")
     return state, state["flight"][DX + mb]
 
 
