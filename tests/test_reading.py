@@ -1,5 +1,6 @@
-"""docs/reading.md: every `pipe/<file>.py:first-last` it cites is exactly one function's or
-class's lines, at this commit."""
+"""docs/reading.md: every link it makes to `pipe/<file>.py#Lfirst-Llast` is exactly one
+function's or class's lines, at this commit, and the modes it walks are those the README's
+example runs (tests/test_readme.py)."""
 import ast
 import os
 import re
@@ -15,7 +16,7 @@ def spans(path):
 
 def test_every_line_reference_is_a_whole_function_or_class():
     with open(os.path.join(ROOT, "docs", "reading.md")) as f:
-        cited = re.findall(r"`(pipe/[\w/]+\.py):(\d+)-(\d+)`", f.read())
+        cited = re.findall(r"\]\(\.\./(pipe/[\w/]+\.py)#L(\d+)-L(\d+)\)", f.read())
     assert len(cited) >= 15
     for path, first, last in cited:
         assert (int(first), int(last)) in spans(path), f"{path}:{first}-{last}"

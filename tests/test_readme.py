@@ -46,3 +46,6 @@ def test_the_own_model_snippet_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.fullmatch(r"loss \d+\.\d{3}, logits \(64, 10\)", done.stdout.splitlines()[-1])
     assert (tmp_path / "ckpt" / "model.ckpt").is_file()
+    with open(os.path.join(ROOT, "docs", "reading.md")) as f:      # the path the guide walks
+        walked = re.search(r"The README's example runs:\n`([^`]+)`", f.read()).group(1)
+    assert done.stdout.splitlines()[0].startswith(f"pipe: {walked} ("), done.stdout
