@@ -27,7 +27,7 @@ from pipe.partition import check_model, partition, stage_bounds, timed_costs
 from pipe.schedules import make_schedule
 from pipe.topology import Topology
 
-__all__ = ["Layout", "build_layout", "make_chunk", "plan", "distinct_params"]
+__all__ = ["Layout", "build_layout", "assemble", "make_chunk", "plan", "distinct_params"]
 
 
 @dataclass
@@ -128,7 +128,11 @@ def plan(model, loss_fn, config, wire, sample=None):
         timed_costs(model, sample, wire, wire.size)
     # What only this rank builds or checks (its layers) may fail here alone: all fail.
     parts = agreed(wire, lambda: build_layout(model, loss_fn, config, wire.rank, costs))
-    modes = decide(config, facts_of(wire, parts["chunks"]))
+    return assemble(config, parts, decide(config, facts_of(wire, parts["chunks"])))
+
+
+def assemble(config, parts, modes):
+    """The Layout of `build_layout`'s parts run in `modes`: its schedule made once, with them."""
     P, M, v = config.stages, config.micro_batches, config.chunks_per_stage
     schedule = checked_schedule(config.schedule, P, M, v, modes.defer_wgrad)
     return Layout(config=config, schedule=schedule, modes=modes, **parts)

@@ -3,14 +3,20 @@ import pytest
 from mindspore import nn
 
 from pipe.config import PipelineConfig
-from pipe.layout import build_layout
+from pipe.layout import assemble, build_layout
+from pipe.modes import Modes
+
+
+def layout_of(model, config, rank):
+    return assemble(config, build_layout(model, nn.MSELoss(), config, rank, "uniform"),
+                    Modes(one_graph=False, defer_wgrad=False))
 
 
 def test_a_rank_holds_its_chunks_under_whole_model_names():
     model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 4), nn.ReLU(),
                                nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 4), nn.Dense(4, 2)])
     config = PipelineConfig(stages=2, micro_batches=4, batch_size=4, schedule="interleaved-1f1b")
-    layout = build_layout(model, nn.MSELoss(), config, 1, "uniform")
+    layout = layout_of(model, config, 1)
     assert (layout.stage, layout.replica, layout.schedule.name) == (1, 0, "interleaved-1f1b")
     assert layout.all_bounds == [(0, 2), (2, 4), (4, 6), (6, 8)]
     assert layout.bounds == [(2, 4), (6, 8)] and layout.virtual_stages_held == [1, 3]
@@ -25,7 +31,7 @@ def test_a_rank_holds_its_chunks_under_whole_model_names():
 def test_the_second_replica_runs_the_same_stage_on_other_rows():
     model = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
     config = PipelineConfig(stages=3, data_parallel=2, micro_batches=2, batch_size=4)
-    layout = build_layout(model, nn.MSELoss(), config, 4, "uniform")
+    layout = layout_of(model, config, 4)
     assert (layout.stage, layout.replica, layout.virtual_stages_held) == (1, 1, [1])
     assert layout.topo.data_parallel_ranks(layout.stage) == (1, 4)
 

@@ -256,16 +256,12 @@ NOTHING_COUNTED = (r"^loss_fn counts 0 targets in this step's whole batch: its t
                    r"\(sum / count\) is undefined; leave such batches out")
 
 
-@pytest.mark.parametrize("mode,stepped", [
-    ({}, ""),                                             # the loop: refused before the update
-    ({"one_graph": True, "precision": "fp16"}, ""),       # the graph's overflow check skips it
-    ({"one_graph": True}, r"; the step's graph stepped the optimizer on its gradients of 0 / 0 "
-                          r"\(nan, as one process's would be\): resume from a checkpoint"),
-], ids=["loop", "one graph fp16", "one graph fp32"])
-def test_a_batch_with_nothing_to_count_is_refused_at_its_step(mode, stepped):
+@pytest.mark.parametrize("mode", [{}, {"one_graph": True, "precision": "fp16"}, {"one_graph": True}],
+                         ids=["loop", "one graph fp16", "one graph fp32"])
+def test_a_batch_with_nothing_to_count_is_refused_at_its_step(mode):
     """One process's sum / count would be 0 / 0: every rank raises at once (the count is
-    the same on every rank, from the labels), right after the step that counted it; what
-    that step did to the weights is what the message says (and fp16's S stays)."""
+    the same on every rank, from the labels), after the step's actions that counted it and
+    before the update: the weights (and fp16's S) stay as they were."""
     from mlp_run import TokenLoss
     model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
     pipe = PipelineEngine(model, TokenLoss(), lambda ps: nn.SGD(ps, learning_rate=0.1),
@@ -273,11 +269,10 @@ def test_a_batch_with_nothing_to_count_is_refused_at_its_step(mode, stepped):
     x = np.ones((4, 6), np.float32)
     pipe.train_step(x, np.array([0, 1, -1, 2], np.int32))
     before, scale = [p.asnumpy() for p in pipe.layout.params], pipe.scaler and pipe.scaler.value
-    with pytest.raises(ValueError, match=NOTHING_COUNTED + stepped + "$"):
+    with pytest.raises(ValueError, match=NOTHING_COUNTED + "$"):
         pipe.train_step(x, np.full(4, -1, np.int32))
     after = [p.asnumpy() for p in pipe.layout.params]
-    assert all(np.isnan(a).any() for a in after) if stepped else \
-        all(np.array_equal(a, b) for a, b in zip(after, before))
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))
     assert (pipe.scaler and pipe.scaler.value) == scale
 
 
