@@ -27,7 +27,8 @@
 #                           GPUs or GPUs of 100 GiB, else each model's; GPUs under 64 GiB: one
 #                           at a time)
 # GPUs are found with nvidia-smi and launched with msrun; without GPUs it runs on CPU processes
-# (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}.
+# (2 unless --devices) with mpiexec. Prints one table; writes DIR/results.{jsonl,csv,json,png}
+# (DIR: --out, else runs/benchmark-DATE-TIME).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
     --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
     --repeats) REPEATS=$2; shift 2 ;;          --one-at-a-time) SIDE=0; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
