@@ -8,10 +8,10 @@
 One by one, a handler calls its chunk's compiled cells and the wire; traced, MindSpore
 compiles the same lines once per batch shape (the program is constants) with messages as
 in-graph operators. `state` is a dict (MindSpore's graphs update a dict in place, not a
-NamedTuple's fields): `flight`, the tensors between chunks by wire tag; `kept` and
+tuple's fields): `flight`, the tensors between chunks by wire tag; `kept` and
 `waiting`, what a backward piece and W read; `grads`, each chunk's sums; `outputs`, the
 losses; `sent` and `done`, tokens that order the work in a graph."""
-from typing import NamedTuple
+from dataclasses import replace
 
 import mindspore as ms
 import numpy as np
@@ -22,46 +22,32 @@ from pipe.schedule import message_key, message_tag
 from pipe.schedules import EVERY
 from pipe.wire import MindSporeWire, Parts, carrier, elements, travels
 
-__all__ = ["Actions", "Loop", "KeepResiduals", "Step", "encode", "take"]
-
-MESSAGES = {"sF": "send", "sB": "send", "rF": "recv", "rB": "recv"}
-
-
-class Step(NamedTuple):
-    """One action of a rank's lowered list as its handler reads it; constants when traced."""
-    kind: str                # "F", "B", "I", "W", "send" or "recv"
-    mb: int                  # its micro-batch (EVERY: a W deferred to the flush, all of them)
-    chunk: int
-    takes: int = -1          # the tensor in flight it reads, by wire tag (-1: the batch's rows,
-    puts: int = -1           # the loss gradient, or none); the tensor in flight it writes
-    message: int = -1        # a send's or receive's place among the rank's messages
-    starts_sum: bool = False  # a B or W that starts its chunk's gradient sums
+__all__ = ["Actions", "Loop", "KeepResiduals", "encode", "take"]
 
 
 def encode(schedule, stage):
-    """`stage`'s lowered list as Steps, each tensor in flight named by its wire tag."""
+    """`stage`'s lowered list, each action given what its handler reads: the tensors in
+    flight it takes and puts, named by their wire tags, a message's index, a sum's start."""
     program, started, message, V = [], set(), 0, schedule.virtual_stages
     for action in schedule.actions[stage]:
-        mb, c = action.mb, action.chunk
-        if action.kind in MESSAGES:
-            kind = MESSAGES[action.kind]
-            tags = {"takes": action.tag} if kind == "send" else {"puts": action.tag}
-            program.append(Step(kind, mb, c, message=message, **tags))
+        if not action.is_compute:
+            held = {"takes": action.tag} if action.kind[0] == "s" else {"puts": action.tag}
+            program.append(replace(action, message=message, **held))
             message += 1
             continue
-        takes = puts = -1
+        takes = puts = None
         if action.kind != "W":
-            vs = schedule.virtual_stage(stage, c)
+            vs = schedule.virtual_stage(stage, action.chunk)
             forward = action.kind == "F"
             hands, to = ("F", vs + 1) if forward else ("B", vs - 1)
             if (forward and vs > 0) or (not forward and vs < V - 1):
                 takes = message_tag(message_key(schedule, stage, action), V)
             if 0 <= to < V:          # for the next virtual stage: here, or a send
-                puts = message_tag((hands, mb, to), V)
-        sums = action.kind in ("B", "W")
-        program.append(Step(action.kind, mb, c, takes, puts, starts_sum=sums and c not in started))
-        if sums:
-            started.add(c)
+                puts = message_tag((hands, action.mb, to), V)
+        sums = action.kind in ("B", "W") and action.chunk not in started
+        program.append(replace(action, takes=takes, puts=puts, starts_sum=sums))
+        if action.kind in ("B", "W"):
+            started.add(action.chunk)
     return tuple(program)
 
 
@@ -145,7 +131,7 @@ class Actions(nn.Cell):
                 "sent": self.token, "done": self.token}
 
     def run(self, state, step, data):
-        """One Step of `program` on `state`; returns the state."""
+        """One action of `program` (encoded) on `state`; returns the state."""
         if step.kind == "F":
             return self.forward(state, step.mb, step.chunk, step.takes, step.puts, data)
         if step.kind in ("B", "I"):
@@ -153,7 +139,7 @@ class Actions(nn.Cell):
                                  step.starts_sum, data, step.kind == "B")
         if step.kind == "W":
             return self.weight_grad(state, step.mb, step.chunk, step.starts_sum)
-        if step.kind == "send":
+        if step.kind[0] == "s":
             return self.send(state, step.message, step.takes)
         return self.recv(state, step.message, step.puts)
 
@@ -179,7 +165,7 @@ class Actions(nn.Cell):
 
     def arrived(self, state, inputs, mb, takes):
         """F's input: the batch's rows of micro-batch mb, or the tensor in flight `takes`."""
-        return inputs[mb] if takes < 0 else take(state["flight"], takes)
+        return inputs[mb] if takes is None else take(state["flight"], takes)
 
     def hand_on(self, state, c, puts, out, output):
         """F's output `out` in flight for the next chunk, or on the model's last chunk
@@ -204,7 +190,7 @@ class Actions(nn.Cell):
             state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + given
         state["done"] = self.order(self.order(state["done"], given), dx)
         self.kept_buffers[c].put_back(copies, state["done"])
-        if puts >= 0:
+        if puts is not None:
             state["flight"][puts] = dx
         return state
 
@@ -212,7 +198,7 @@ class Actions(nn.Cell):
         """W: chunk c's weight gradients of micro-batch mb, or of all of them at the flush
         (EVERY: one product per layer), added to its sums."""
         entries = ()
-        for m in (range(self.micro_batches) if mb == EVERY else (mb,)):
+        for m in (range(self.micro_batches) if mb is EVERY else (mb,)):
             entries = entries + (take(state["waiting"], m * self.count + c),)
         first = entries[0]
         if first:                                # (empty when no layer of the chunk has weights)
@@ -230,7 +216,7 @@ class Actions(nn.Cell):
         the gradient that arrived or, on the last chunk, the loss gradient."""
         kept = take(state["kept"], mb * self.count + c)
         residuals, start = self.keep.restored(self.forwards[c], kept, data[3], self.last[c])
-        dy = self.order(start if takes < 0 else take(state["flight"], takes), state["done"])
+        dy = self.order(start if takes is None else take(state["flight"], takes), state["done"])
         return residuals, variable(dy)
 
     # ---- messages ---------------------------------------------------------------------
@@ -251,13 +237,13 @@ class Loop(Actions):
     def __init__(self, layout, p2p, stores, around):
         super().__init__(layout, p2p, compiled=False)
         self.stores, self.around = stores, around
-        self.position = {step: i for i, step in enumerate(self.program)}
+        self.position = {id(step): i for i, step in enumerate(self.program)}
 
     def start(self, kept=None, waiting=None):
         return super().start(*self.stores()) if self.stores else super().start()
 
     def run(self, state, step, data):
-        with self.around(self.position[step]):
+        with self.around(self.position[id(step)]):
             return super().run(state, step, data)
 
 

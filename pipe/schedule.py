@@ -5,6 +5,7 @@ model chunks. `lower()` adds the messages between stages; the engine only execut
 list. Stages are the pipeline's positions; the engine maps each to a rank.
 """
 from dataclasses import dataclass, field, replace
+from typing import Optional
 
 __all__ = ["Action", "Schedule", "gpipe", "one_f_one_b", "lower", "message_key", "message_tag"]
 
@@ -15,18 +16,28 @@ HANDS_ON = {"F": "F", "B": "B", "I": "B"}
 @dataclass(frozen=True)
 class Action:
     """One thing a stage does: `F3` (forward of micro-batch 3), `B3:1` (its backward on chunk
-    1), `sF3` / `rF3` (send / receive its activation), `sB3` / `rB3` (its gradient) to or from
-    stage `peer`, with its wire `tag` and the `boundary` it crosses (into virtual stage b)."""
+    1), `I3` / `W3` (its halves: input, weight gradients), `W*` (W of every micro-batch, `mb`
+    None), `sF3` / `rF3` (send / receive its activation), `sB3` / `rB3` (its gradient).
+
+    `lower` gives a message its `peer` stage, wire `tag` and the `boundary` it crosses (into
+    virtual stage b); `pipe.actions.encode` gives each action what its handler reads: the
+    tensors in flight it `takes` and `puts` (by wire tag; None: the batch's rows, the loss
+    gradient, or nothing), a message's place among the rank's (`message`), and whether a B
+    or W `starts_sum` of its chunk's gradients."""
 
     kind: str
-    mb: int
+    mb: Optional[int]
     chunk: int = 0
-    peer: int = -1
-    tag: int = field(default=-1, compare=False)
-    boundary: int = field(default=-1, compare=False)
+    peer: Optional[int] = None
+    tag: Optional[int] = field(default=None, compare=False)
+    boundary: Optional[int] = field(default=None, compare=False)
+    takes: Optional[int] = None
+    puts: Optional[int] = None
+    message: Optional[int] = None
+    starts_sum: bool = False
 
     def __str__(self):
-        mb = "*" if self.mb < 0 else self.mb
+        mb = "*" if self.mb is None else self.mb
         return f"{self.kind}{mb}" + (f":{self.chunk}" if self.chunk else "")
 
     @property

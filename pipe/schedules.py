@@ -11,7 +11,7 @@ __all__ = ["VSchedule", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "SCHE
            "CHUNKS_PER_STAGE", "EVERY", "make_schedule", "with_deferred_wgrad", "micro_batches_of",
            "splits_backward", "defers_wgrad", "peak_in_flight", "action_costs"]
 
-EVERY = -1           # the micro-batch of a W deferred to the flush: all of the step's
+EVERY = None         # the micro-batch of a W deferred to the flush: all of the step's
 
 
 @dataclass
@@ -30,7 +30,7 @@ class VSchedule(Schedule):
 
 def micro_batches_of(schedule, action):
     """The micro-batches `action` works on: all of them for a W deferred to the flush."""
-    return tuple(range(schedule.micro_batches)) if action.mb == EVERY else (action.mb,)
+    return tuple(range(schedule.micro_batches)) if action.mb is EVERY else (action.mb,)
 
 
 def splits_backward(schedule):
@@ -40,7 +40,7 @@ def splits_backward(schedule):
 
 def defers_wgrad(schedule):
     """Whether each chunk's W runs once, at the flush, for every micro-batch."""
-    return any(a.kind == "W" and a.mb == EVERY for actions in schedule.actions for a in actions)
+    return any(a.kind == "W" and a.mb is EVERY for actions in schedule.actions for a in actions)
 
 
 def interleaved_1f1b(stages, micro_batches, chunks_per_stage=2):

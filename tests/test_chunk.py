@@ -68,7 +68,7 @@ def handlers(stage, micro_batches=2, recompute=False):
 
 
 def forward(actions, state, mb, x, masks=()):
-    return actions.forward(state, mb, 0, -1, OUT + mb, ({mb: x}, None, {mb: masks}, ONE))
+    return actions.forward(state, mb, 0, None, OUT + mb, ({mb: x}, None, {mb: masks}, ONE))
 
 
 def backward(actions, state, mb, dy, kind="B", first_sum=True):

@@ -8,15 +8,15 @@ from contextlib import contextmanager
 import pytest
 from mindspore import nn
 
-from pipe.actions import Step, encode
+from pipe.actions import encode
 from pipe.config import PipelineConfig
-from pipe.schedule import lower
+from pipe.schedule import Action, lower
 from pipe.schedules import EVERY, make_schedule
 
 
-def steps(*texts):
-    """Steps written as "F0 puts=2": kind and micro-batch, then any of takes, puts,
-    message, chunk, starts_sum (1)."""
+def encoded(*texts):
+    """Actions written as "sF0 peer=1 takes=2": kind and micro-batch, then any of chunk,
+    peer, takes, puts, message, starts_sum (1)."""
     made = []
     for text in texts:
         head, *fields = text.split()
@@ -24,32 +24,32 @@ def steps(*texts):
         mb = head[len(kind):]
         values = {k: int(v) for k, v in (f.split("=") for f in fields)}
         values["starts_sum"] = bool(values.get("starts_sum", 0))
-        made.append(Step(kind, EVERY if mb == "*" else int(mb), values.pop("chunk", 0), **values))
+        made.append(Action(kind, EVERY if mb == "*" else int(mb), **values))
     return tuple(made)
 
 
-def test_1f1b_two_stages_as_steps():
+def test_1f1b_two_stages_encoded():
     """A tensor in flight is named by its message key, as an integer its wire tag:
     (mb x V + virtual stage taking it) x 2, + 1 for a gradient."""
     schedule = lower(make_schedule("1f1b", 2, 2))
-    assert encode(schedule, 0) == steps(
-        "F0 puts=2", "send0 takes=2 message=0",       # input -> F0 -> ("F", 0, 1) -> stage 1
-        "F1 puts=6", "send1 takes=6 message=1",
-        "recv0 puts=1 message=2", "B0 takes=1 starts_sum=1",   # its gradient ("B", 0, 0)
-        "recv1 puts=5 message=3", "B1 takes=5")
-    assert encode(schedule, 1) == steps(
-        "recv0 puts=2 message=0", "F0 takes=2",       # the last stage: F0 ends in the loss
-        "B0 puts=1 starts_sum=1", "recv1 puts=6 message=1",   # B0 from the loss gradient
-        "send0 takes=1 message=2", "F1 takes=6",
-        "B1 puts=5", "send1 takes=5 message=3")
+    assert encode(schedule, 0) == encoded(
+        "F0 puts=2", "sF0 peer=1 takes=2 message=0",  # input -> F0 -> ("F", 0, 1) -> stage 1
+        "F1 puts=6", "sF1 peer=1 takes=6 message=1",
+        "rB0 peer=1 puts=1 message=2", "B0 takes=1 starts_sum=1",   # its gradient ("B", 0, 0)
+        "rB1 peer=1 puts=5 message=3", "B1 takes=5")
+    assert encode(schedule, 1) == encoded(
+        "rF0 peer=0 puts=2 message=0", "F0 takes=2",  # the last stage: F0 ends in the loss
+        "B0 puts=1 starts_sum=1", "rF1 peer=0 puts=6 message=1",   # B0 from the loss gradient
+        "sB0 peer=0 takes=1 message=2", "F1 takes=6",
+        "B1 puts=5", "sB1 peer=0 takes=5 message=3")
 
 
 def test_the_turn_of_a_v_stays_on_its_stage():
     """ZB-V, stage 1 holds virtual stages 1 and 2: F0 writes chunk 1's input (4) and I0:1
     chunk 0's gradient (3), no message between; W sums the weight gradients."""
     program = encode(lower(make_schedule("zb-v", 2, 2, 2)), 1)
-    assert program[1:3] == steps("F0 takes=2 puts=4", "F0 chunk=1 takes=4 puts=6")
-    assert set(steps("I0 chunk=1 takes=5 puts=3", "I0 takes=3 puts=1")) <= set(program)
+    assert program[1:3] == encoded("F0 takes=2 puts=4", "F0 chunk=1 takes=4 puts=6")
+    assert set(encoded("I0 chunk=1 takes=5 puts=3", "I0 takes=3 puts=1")) <= set(program)
     assert [s.starts_sum for s in program if s.kind == "W"] == [True, True, False, False]
 
 
@@ -87,7 +87,7 @@ def test_a_deferred_w_starts_its_chunks_sum():
     """With the weight gradients deferred, I only passes the gradient on; the one W* (all
     micro-batches: EVERY) starts and ends the chunk's sum."""
     program = encode(lower(make_schedule("1f1b", 1, 2, defer_wgrad=True)), 0)
-    assert program == steps("F0", "I0", "F1", "I1", "W* starts_sum=1")
+    assert program == encoded("F0", "I0", "F1", "I1", "W* starts_sum=1")
 
 
 @pytest.mark.parametrize("name,defer_wgrad", [("sgd", False), ("adam", False), ("sgd", True)])
