@@ -33,8 +33,9 @@ from train import build_model  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.features.precision import set_matmul_precision  # noqa: E402
-from pipe.ops import cli  # noqa: E402
-from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import cli  # noqa: E402
+from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                           add_speed_flags, positive_int, precision_name, use_device)
 from pipe.ops.trace import Tracer, merge_traces  # noqa: E402
 from pipe.partition import stage_bounds  # noqa: E402

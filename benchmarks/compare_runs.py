@@ -4,13 +4,15 @@
 
 Exits non-zero unless every parameter matches to rtol 1e-4 and every logged loss to 1e-4.
 """
+import os
 import re
 import sys
 
 import mindspore as ms
 import numpy as np
 
-from pipe.ops.cli import Parser, existing_file
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import Parser, existing_file  # noqa: E402
 
 
 def losses(log):

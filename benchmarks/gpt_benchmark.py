@@ -38,8 +38,9 @@ from timing import add_turn_flags, median_windows, turn  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.features.builders import LayerBuilders  # noqa: E402
-from pipe.ops import cli  # noqa: E402
-from pipe.ops.cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import cli  # noqa: E402
+from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                           add_speed_flags, positive_int, precision_name, use_device)
 from pipe.ops.trace import Tracer  # noqa: E402
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402

@@ -16,10 +16,13 @@ parallelism assumed free).
 import csv
 import json
 import math
+import os
 import statistics
+import sys
 from collections import defaultdict
 
-from pipe.ops.cli import Parser, existing_file
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import Parser, existing_file  # noqa: E402
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "tokens_per_s",
            "mfu", "speedup", "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB",

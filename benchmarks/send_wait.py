@@ -27,8 +27,9 @@ import numpy as np  # noqa: E402
 from mindspore import nn, ops  # noqa: E402
 
 from pipe.compiled import Compiled  # noqa: E402
-from pipe.ops import cli  # noqa: E402
-from pipe.ops.cli import Parser, use_device  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import cli  # noqa: E402
+from cli import Parser, use_device  # noqa: E402
 from pipe.wire import MindSporeWire  # noqa: E402
 
 CASES = ("after-work", "graph", "add", "ready", "late-peer", "int32")

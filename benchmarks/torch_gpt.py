@@ -38,7 +38,7 @@ VOCAB, PAD, IGNORE = 256, 0, -1
 
 
 class Parser(argparse.ArgumentParser):
-    """A bad value in one line and exit code 2, as every pipe program answers (pipe.ops.cli,
+    """A bad value in one line and exit code 2, as every pipe program answers (examples/cli.py,
     which this script does not import: it imports MindSpore)."""
 
     def error(self, message):
@@ -167,7 +167,7 @@ def write_results(args, model, windows, peak):
     params = sum(p.numel() for p in model.parameters())
     tokens = args.batch_size * args.context
     flops = tokens * (6 * params + 12 * args.layers * args.context * args.width)
-    precision = args.precision + "+tf32" * args.tf32      # (pipe.ops.cli.precision_name's)
+    precision = args.precision + "+tf32" * args.tf32      # (examples/cli.py precision_name's)
     with open(args.results, "a") as f:
         for repeat, seconds in enumerate(windows):
             f.write(json.dumps({

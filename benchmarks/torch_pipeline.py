@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import add_turn_flags, median_windows, turn  # noqa: E402
 
-from pipe.ops.cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import Parser, positive_int  # noqa: E402  (no MindSpore needed)
 
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
              "zb-v": ("ScheduleZBVZeroBubble", 2), "dualpipe-v": ("ScheduleDualPipeV", 2)}

@@ -5,10 +5,13 @@ simulator predicts with them, and the bubble the trace shows.
 
 The trace is one `benchmarks/benchmark.py --trace STEM` records (pipe.ops.trace)."""
 import json
+import os
 import re
 import statistics
+import sys
 
-from pipe.ops.cli import Parser, existing_file, positive_int, run
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import Parser, existing_file, positive_int, run  # noqa: E402
 from pipe.ops.simulator import checked_schedule, simulate
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES, action_costs
 

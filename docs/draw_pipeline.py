@@ -7,13 +7,16 @@ the all-reduce and optimizer step purple; the micro-batch number is written in e
 White space between boxes is the bubble.
 """
 import json
+import os
 import re
+import sys
 
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipe.ops.cli import Parser  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import Parser  # noqa: E402
 
 COLORS = {"F": "#4c8bd6", "B": "#f0a030", "W": "#5bb55b", "all-reduce": "#9a6fc4", "optimizer": "#9a6fc4"}
 

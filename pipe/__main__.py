@@ -6,12 +6,18 @@ or compare every schedule for one P, M and set of costs.
 
 Memory is counted per stage in micro-batches of a whole stage's activations, from F until
 the last backward piece; `--defer-wgrad` runs every W at the flush (`W*`)."""
+import argparse
 import sys
 
 from pipe import schedules
 from pipe.config import PipelineConfig, as_flags
-from pipe.ops.cli import Parser
 from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):            # a bad flag: one line, exit code 2
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def peaks(schedule):

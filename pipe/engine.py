@@ -23,7 +23,7 @@ from pipe.features.clip import clip_by_global_norm
 from pipe.features.dropout import draws
 from pipe.features.precision import LossScaler, float16_gradients, set_matmul_precision
 from pipe.features.tied import fold_repeats, sum_copies
-from pipe.features.token_loss import TokenCount, loss_sum
+from pipe.features.token_loss import TokenCount
 from pipe.layout import plan
 from pipe.ops import checkpoint, predict
 from pipe.ops.deadlines import connect

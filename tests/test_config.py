@@ -1,5 +1,6 @@
 """PipelineConfig: the one place that resolves defaults and checks values up front."""
 import dataclasses
+import os
 
 import pytest
 
@@ -64,13 +65,13 @@ FLAG_VALUES = {"stages": "2", "data_parallel": "2", "micro_batches": "2", "batch
 @pytest.mark.parametrize("example", [("mnist_train", "mnist"), ("gpt_train", "gpt")])
 def test_every_flag_an_example_accepts_reaches_its_config(example):
     """Each flag named after a config field, set to another value than its default, is in
-    the config the example trains with (`pipe.ops.cli.config_from`, which its `train` calls)."""
+    the config the example trains with (`examples/cli.py`'s `config_from`, which its `train`
+    calls)."""
     import inspect
 
     from launch import load_example
-
-    from pipe.ops.cli import config_from
     module = load_example(example[0], example[1], "train.py")
+    from cli import config_from       # (examples/cli.py, put on the path by the example)
     assert "config_from(args, device=device)" in inspect.getsource(module.train)
     fields = {f.name for f in dataclasses.fields(PipelineConfig)}
     flags = {a.dest: a.option_strings[0] for a in module.parser()._actions if a.dest in fields}
@@ -85,13 +86,15 @@ def test_every_flag_an_example_accepts_reaches_its_config(example):
 
 
 def test_the_memory_plan_is_set_once_and_a_second_call_changes_nothing():
-    """pipe.ops.cli.plan_memory (use_device's on a GPU; the call itself runs anywhere, in a
+    """examples/cli.py's plan_memory (use_device's on a GPU; the call itself runs anywhere, in a
     process of its own): MindSpore takes its memory settings once per process and refuses
     a second time, so a second call (or one after a program set its memory itself, the
     same refusal) must leave the first setting and fail nothing."""
     import subprocess
     import sys
-    code = ("import mindspore as ms; from pipe.ops.cli import plan_memory; plan_memory(); "
+    from launch import ROOT
+    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'examples')!r}); "
+            "import mindspore as ms; from cli import plan_memory; plan_memory(); "
             "plan_memory(); print(ms.get_context('memory_optimize_level'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]

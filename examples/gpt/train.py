@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402  (the example's own module, beside this file)
 
 from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.ops.cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
+from cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
                           add_precision_flag, add_speed_flags, config_from,
                           positive_int, run, use_device)
 

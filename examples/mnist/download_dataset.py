@@ -10,7 +10,8 @@ import os
 import sys
 import urllib.request
 
-from pipe.ops.cli import Parser
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
+from cli import Parser  # noqa: E402
 
 MIRRORS = ["https://ossci-datasets.s3.amazonaws.com/mnist/",
            "https://storage.googleapis.com/cvdf-datasets/mnist/"]

@@ -25,7 +25,8 @@ from cnn import cnn_layers  # noqa: E402
 
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
 from pipe.ops.checkpoint import CheckpointError  # noqa: E402
-from pipe.ops.cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
+from cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
                           add_precision_flag, add_speed_flags, config_from, positive_int,
                           report, use_device)
 

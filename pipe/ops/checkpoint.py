@@ -7,20 +7,15 @@
     DIR/latest, DIR/model.ckpt              the newest complete step, and its merged model
 
 Each file is written under a temporary name and renamed, meta.json last, then `latest`: a
-crash leaves the previous checkpoint whole, and an altered file is refused by its hash.
-
-    python -m pipe.ops.checkpoint merge DIR      # virtual-stage-*.ckpt in DIR -> DIR/model.ckpt"""
-import argparse
+crash leaves the previous checkpoint whole, and an altered file is refused by its hash."""
 import glob
 import hashlib
 import json
 import os
 import shutil
-import sys
 
 import mindspore as ms
 
-from pipe.ops.cli import Parser
 
 __all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "latest",
            "merge", "CheckpointError"]
@@ -163,20 +158,3 @@ def latest(directory):
                                   f"(SHA-256 does not match meta.json): refusing to load it; "
                                   "restore it or resume from an older step directory")
     return where, meta
-
-
-def main(argv=None):
-    parser = Parser(prog="python -m pipe.ops.checkpoint", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["merge"])
-    parser.add_argument("directory")
-    args = parser.parse_args(argv)
-    try:
-        print(f"wrote {merge(args.directory)}")
-    except CheckpointError as e:        # one line naming the value and the fix, exit code 2
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-if __name__ == "__main__":
-    main()
