@@ -106,7 +106,6 @@ class Actions(nn.Cell):
         self.backwards = each(lambda c: c.backward_cell)
         self.input_grads = each(lambda c: c.input_grad_cell)
         self.weight_grads = each(lambda c: c.weight_grad_cell)
-        self.kept_buffers = each(lambda c: c.kept_buffers)      # (pipe.layers.Buffers)
         self.weight_inputs = tuple(c.weight_inputs for c in chunks)
         self.last = tuple(c.is_last for c in chunks)
         self.count = len(chunks)
@@ -179,8 +178,7 @@ class Actions(nn.Cell):
     def backward(self, state, mb, c, takes, puts, first_sum, data, whole):
         """B (`whole`): chunk c's backward of micro-batch mb, its weight gradients added to
         the chunk's sums; I: the input gradient only, what W will read left waiting. Either
-        hands the input gradient on, and moves no buffer."""
-        copies = self.kept_buffers[c].save()
+        hands the input gradient on."""
         residuals, dy = self.restored(state, mb, c, takes, data)
         cell = self.backwards[c] if whole else self.input_grads[c]
         dx, given = cell(dy, *variables(residuals))
@@ -189,7 +187,6 @@ class Actions(nn.Cell):
         else:
             state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + given
         state["done"] = self.order(self.order(state["done"], given), dx)
-        self.kept_buffers[c].put_back(copies, state["done"])
         if puts is not None:
             state["flight"][puts] = dx
         return state
@@ -204,11 +201,9 @@ class Actions(nn.Cell):
         if first:                                # (empty when no layer of the chunk has weights)
             first = (self.order(first[0], state["done"]),) + first[1:]
         entries = (first,) + entries[1:]
-        copies = self.kept_buffers[c].save()
         grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
-        self.kept_buffers[c].put_back(copies, state["done"])
         return state
 
     def restored(self, state, mb, c, takes, data):

@@ -7,8 +7,9 @@ with `forward_piece(chunk, i, piece)` and `backward_piece(chunk, i, grad)`) repl
 import mindspore as ms
 
 from pipe.compiled import Compiled
-from pipe.layers import (Backward, Buffers, Forward, Infer, KeepInput, LayerGrad, arguments,
-                         buffers_of, gradient_positions, last_first, leaves, residual_indices)
+from pipe.layers import (Backward, Buffers, Forward, Infer, KeepInput, KeepsBuffers, LayerGrad,
+                         arguments, buffers_of, gradient_positions, last_first, leaves,
+                         residual_indices)
 from pipe.split_backward import split_cells
 
 __all__ = ["Chunk"]
@@ -31,16 +32,20 @@ class Chunk:
         pieces = [self.forward_piece(i) for i in range(len(self.layers))]
         self.residual_of = residual_indices(pieces)
         self.forward_cell = Compiled(Forward(pieces, self.loss_fn))
-        self.backward_cell = Compiled(Backward(self.layer_grads(not is_first),
-                                               gradient_positions(self.layers)))
+        self.backward_cell = self.backward(Backward(self.layer_grads(not is_first),
+                                                    gradient_positions(self.layers)))
         input_grad, weight_grad = split_cells(self)
-        self.input_grad_cell, self.weight_grad_cell = Compiled(input_grad), Compiled(weight_grad)
+        self.input_grad_cell, self.weight_grad_cell = map(self.backward, (input_grad, weight_grad))
         self.weight_inputs = weight_grad.inputs        # the residuals W reads
         self.infer_cell = Compiled(Infer(self.layers))
-        self.kept_buffers = Buffers(self.buffers)      # saved and put back around a backward
+        self.kept_buffers = Buffers(self.buffers)      # (the check before the first step's)
         self.masks = masks(self.layers, self.named)
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
         self.training = None                           # the mode the layers are in
+
+    def backward(self, cell):
+        """A backward piece as one compiled call, putting back any buffer it moved."""
+        return Compiled(KeepsBuffers(cell, self.buffers) if self.buffers else cell)
 
     def forward_piece(self, i):
         """Layer i as the forward runs it: (x, masks) -> (output, what its backward keeps)."""

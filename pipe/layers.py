@@ -11,7 +11,7 @@ from mindspore import nn, ops
 __all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight", "add_grads",
            "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
            "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
-           "Infer", "Buffers", "buffers_of"]
+           "Infer", "Buffers", "KeepsBuffers", "buffers_of"]
 
 
 def is_plain_sequence(cell):
@@ -235,7 +235,7 @@ def buffers_of(layers):
 
 
 class Buffers(nn.Cell):
-    """A chunk's buffers, saved before a backward piece and put back after it."""
+    """Layers' buffers, saved and put back as they were (`KeepsBuffers`)."""
 
     def __init__(self, buffers):
         super().__init__(auto_prefix=False)
@@ -253,3 +253,18 @@ class Buffers(nn.Cell):
         for buffer, copy in zip(self.values, copies):
             ops.assign(buffer, ops.depend(copy, after))
         return after
+
+
+class KeepsBuffers(nn.Cell):
+    """A backward piece that moves no buffer: it runs layers' forwards again, which would move
+    batch norm's statistics a second time, so each buffer is put back after it."""
+
+    def __init__(self, cell, buffers):
+        super().__init__(auto_prefix=False)
+        self.cell, self.kept = cell, Buffers(buffers)
+
+    def construct(self, *args):
+        copies = self.kept.save()
+        out = self.cell(*args)
+        self.kept.put_back(copies, out)
+        return out
