@@ -292,7 +292,8 @@ class PipelineEngine:
     def resume(self, directory):
         """Load the newest verified checkpoint in `directory`, saved with any layout;
         returns its meta."""
-        where, meta = checkpoint.latest(directory)
+        where, meta = agreed(self.wire, lambda: checkpoint.latest(directory),
+                             "finding the checkpoint to resume")      # (a missing one: said once)
         checkpoint.load_rank(where, self.parameters_dict(), self.optimizer)
         self.step = meta["step"]
         if self.scaler:

@@ -28,6 +28,9 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
      "error: defer_wgrad runs each layer's weight gradient once over the rows of all "
      "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
      "of all those rows, not of each micro-batch; turn defer_wgrad off"),
+    (2, ["--stages", 2, "--resume", "nowhere"],
+     "error: no checkpoint in 'nowhere' (no 'latest' file): start without resuming, or point it "
+     "at a directory that PipelineEngine.save wrote"),
 ])
 def test_mistake_fails_on_every_rank_and_is_told_once(ranks, flags, message):
     """A mistake every rank finds alike ends every rank; rank 0 alone says it, one line."""
@@ -36,6 +39,18 @@ def test_mistake_fails_on_every_rank_and_is_told_once(ranks, flags, message):
     assert message in done.errs[0]
     assert done.stderr.count("error:") == 1, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_resume_with_nothing_to_train_says_so_and_how_to_go_on(tmp_path):
+    """--steps is the total: resuming a run that reached it trains nothing and says so,
+    rather than print an accuracy as if it had trained."""
+    saved = run_example(1, *SMALL, "--save", tmp_path, "--no-eval")
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    done = run_example(1, *SMALL, "--resume", tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == (
+        f"nothing to train: {tmp_path} holds step 1 and --steps 1 is the total to reach; pass "
+        "--steps 2 to train 1 more")
 
 
 def test_damaged_mnist_file_is_named(tmp_path):

@@ -80,12 +80,17 @@ def train(args, wire=None):
         f"stage {engine.layout.all_bounds}; text: Python's documentation, {len(pieces)} "
         f"paragraphs, {sum(map(len, pieces))} bytes")
     stream = model.batches(pieces, args.batch_size, args.seed)
-    start = time.perf_counter()
+    say("compiling: the first step, and the first of each new sequence length, take longer",
+        flush=True)
+    start = last = time.perf_counter()
     for step in range(1, args.steps + 1):
         ids, targets = next(stream)
         loss = engine.train_step(ids, targets)
-        if step % args.log_every == 0 or step == 1:
-            say(f"step {step:5d}  length {ids.shape[1]:3d}  loss {loss:.4f}", flush=True)
+        now = time.perf_counter()        # a line every --log-every steps, and at least every 10 s
+        if step % args.log_every == 0 or step in (1, args.steps) or now - last >= 10:
+            say(f"step {step:5d}  length {ids.shape[1]:3d}  loss {loss:.4f}  "
+                f"{now - start:5.1f} s", flush=True)
+            last = now
     say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
         engine.save(args.save, args.steps)

@@ -142,6 +142,10 @@ def train(args, wire=None):
             raise ValueError(f"--resume {args.resume}: saved with seed {meta['seed']} and batch "
                              f"size {meta['batch_size']}; pass the same --seed/--batch-size")
         start = meta["step"]
+        if start >= args.steps:          # --steps is the total, as one run's
+            say(f"nothing to train: {args.resume} holds step {start} and --steps {args.steps} is "
+                f"the total to reach; pass --steps {start + args.steps} to train {args.steps} more")
+            return {"losses": [], "accuracy": None, "engine": engine}
         for _ in range(start):
             next(stream)
         say(f"resumed from step {start} in {args.resume}")
