@@ -80,6 +80,10 @@ OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
 echo "device: $DEVICE x $DEVICES; results in $OUT"
+if [ "$DEVICE" = CPU ]; then
+  echo "(CPU: the $DEVICES processes share this machine's cores, so a pipeline cannot run faster here;"
+  echo " these runs show the schedules and that every layout trains the same model. Speedup: GPUs.)"
+fi
 ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer than 4 GPUs of
 if [ "$DEVICE" = GPU ]; then   # under 100 GiB one batch per model (one batch peaks at 74 GiB on 2)
   MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -n 1)
@@ -103,7 +107,9 @@ progress() {  # progress WHAT: count a launch (first walk), or say which one run
 finished() {  # finished WHAT CMD...: run CMD, then say its figure, or that it failed and why
   local what=$1; shift
   if "$@" > "$LOG.out" 2>&1; then
-    cat "$LOG.out" "$LOG"/worker_0.log 2>/dev/null | grep "ms per step\|median step" | tail -n 1 || true
+    local t=$(( $(date +%s) - T0 )) figure
+    figure=$(cat "$LOG.out" "$LOG"/worker_0.log 2>/dev/null | grep "ms per step\|median step" | tail -n 1)
+    [ -z "$figure" ] || printf '  [%d:%02d elapsed] %s\n' $((t / 60)) $((t % 60)) "${figure#"${figure%%[! ]*}"}"
   else
     echo "  failed: $what"; tail -n 5 "$([ -f "$LOG/worker_0.log" ] && echo "$LOG/worker_0.log" || echo "$LOG.out")"
   fi
@@ -131,17 +137,24 @@ batch() {  # batch: the launches until end_batch start together (side by side); 
 # is over hangs (a process that failed and did not exit): say so and stop it. Every 5 minutes
 # with no launch ready or timed, say which launches the batch waits on.
 stop_stragglers() {
-  local waited=0 quiet=0 marks seen="" k
+  local waited=0 quiet=0 marks seen="" k ticks=0
   until [ -e "$TURNS/$1" ] && { [ -z "$(jobs -pr)" ] || [ $waited -ge 60 ]; }; do
     sleep 1; [ -e "$TURNS/$1" ] && waited=$((waited + 1))
     marks=$(ls "$TURNS" | wc -l)
     if [ "$marks" = "$seen" ]; then quiet=$((quiet + 1)); else quiet=0 seen=$marks; fi
     if [ $quiet -ge 300 ]; then quiet=0; waiting_on "$1"; fi
+    ticks=$((ticks + 1)); [ $((ticks % 30)) != 0 ] || tick "$1"     # a line every 30 s
   done
   for k in $(seq 0 "$1"); do
     [ -e "$TURNS/ended-$k" ] || echo "  failed: $(cat "$TURNS/what-$k") did not end a minute after the last turn; stopped"
   done
   for pid in $(jobs -pr); do pkill -TERM -P "$pid"; kill "$pid"; done 2>/dev/null || true
+}
+tick() {  # tick LAST: the time so far, and how many of the batch's launches compiled and were timed
+  local t=$(( $(date +%s) - T0 )) ready timed
+  ready=$(ls "$TURNS" | grep -c '^ready-' || true); timed=$(ls "$TURNS" | grep -c '^[0-9]*$' || true)
+  printf '  [%d:%02d elapsed] %d of %d launches compiled, %d timed\n' $((t / 60)) $((t % 60)) \
+    "$ready" $(( $1 + 1 )) "$timed"
 }
 waiting_on() {  # waiting_on LAST: say which launches the batch waits on (not ready, or timed now)
   local k late=""

@@ -22,6 +22,12 @@ class MicroBatches:
     def labels(self):
         return [as_tensor(self.source[1][c]) for c in self.cut]
 
+    def words(self):
+        """The global batch as its caller passed it, in words (for errors)."""
+        (x, y), rows = self.source, self.cut[0].stop - self.cut[0].start
+        return (f"inputs of shape {np.shape(x)} {x.dtype}, labels of shape {np.shape(y)} "
+                f"{y.dtype}, in micro-batches of {rows} rows")
+
     @cached_property
     def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators
         return tuple((self.cut[0].stop - self.cut[0].start, *np.shape(a)[1:]) for a in self.source)

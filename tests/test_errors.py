@@ -1,9 +1,7 @@
 """Usage mistakes fail on every rank, before any message, with the values and the fix."""
 import importlib.util
-import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from launch import ENV, ROOT, run_check, run_example
@@ -157,8 +155,6 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
     done = run_check("failure_check.py", 2, "before", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     pointer = "PeerFailed: the check before the first step failed on rank {0} (stage {0}): rank {0}'s error says why"
-    report = ("(MindSpore's compile report: "
-              f"{os.path.join(tempfile.gettempdir(), 'pipe-compile-rank1')}/rank_0/om/analyze_fail.ir)")
     assert done.outs[0].splitlines() == [
         "tuple: rank 0: " + pointer.format(1),
         "no-backward-one-graph: rank 0: PeerFailed: rank 1 failed compiling the step as one graph: "
@@ -176,7 +172,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "tuple: rank 1: RuntimeError: " + CHECK + "stage 1 (layers 2 to 3) failed on stage 0's "
         "output (the boundary between layers 1 and 2), of shape (2, 8) Float32: layer 3 (Dense), "
         "given a tuple of 2 (shape (2, 8) Float32, shape (2, 8) Float32), raised TypeError: "
-        "Dense.construct() takes 2 positional arguments but 3 were given " + report,
+        "Dense.construct() takes 2 positional arguments but 3 were given",
         "no-backward-one-graph: rank 1: " + NO_BACKWARD,
         "uint16: rank 1: " + UINT16,
         "random: rank 1: " + pointer.format(0),
@@ -184,7 +180,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "(the boundary between layers 0 and 1), of shape (2, 8) Float32: loss_fn, given logits of "
         "shape (2, 3) Float32 and labels of shape (2,) Float32, raised TypeError: For "
         "primitive[SparseSoftmaxCrossEntropyWithLogits], the input argument[labels_type] must be a "
-        "type of {Tensor[Int32], Tensor[Int64]}, but got Tensor[Float32]. " + report,
+        "type of {Tensor[Int32], Tensor[Int64]}, but got Tensor[Float32].",
         "tied-builders: rank 1: " + BUILT_ELSEWHERE]
 
 

@@ -5,7 +5,8 @@ import re
 import subprocess
 import sys
 
-from launch import ENV, ROOT
+import pytest
+from launch import ENV, ROOT, Job
 
 with open(os.path.join(ROOT, "README.md")) as f:
     README = f.read()
@@ -49,3 +50,33 @@ def test_the_own_model_snippet_runs_as_written(tmp_path):
     with open(os.path.join(ROOT, "docs", "reading.md")) as f:      # the path the guide walks
         walked = re.search(r"The README's example runs:\n`([^`]+)`", f.read()).group(1)
     assert done.stdout.splitlines()[0].startswith(f"pipe: {walked} ("), done.stdout
+
+
+WHOLE = "(the whole batch: inputs of shape (64, {}) float32, labels of shape {} int32, in " \
+        "micro-batches of 16 rows)"
+
+
+@pytest.mark.parametrize("change,cause,whole", [
+    (("standard_normal((64, 784))", "standard_normal((64, 700))"),
+     "stage 0 cannot take the input batch, of shape (16, 700) Float32; its first layer expects "
+     "784 features. Fix the input batch or layer 0", WHOLE.format(700, "(64,)")),
+    (("rng.integers(0, 10, 64)", "rng.integers(0, 10, (64, 1))"),
+     "stage 1 (layer 2) failed on stage 0's output (the boundary between layers 1 and 2), of "
+     "shape (16, 256) Float32: loss_fn, given logits of shape (16, 10) Float32 and labels of "
+     "shape (16, 1) Int32, raised ValueError: Features shape length must be equal to Labels "
+     "shape length plus 1", WHOLE.format(784, "(64, 1)")),
+], ids=["input width", "labels"])
+def test_the_snippet_on_two_ranks_with_a_wrong_shape_says_why_in_a_few_lines(
+        tmp_path, change, cause, whole):
+    """Found before any compile (each piece run eagerly first): one cause on the rank that
+    found it, the whole batch as passed, no MindSpore dump or chained traceback."""
+    snippet = re.search(r"```python\n(.*?)```", section("Your own model"), re.S).group(1)
+    snippet = snippet.replace("stages=1", "stages=2").replace(*change)
+    assert change[1] in snippet
+    (tmp_path / "yours.py").write_text(snippet)
+    done = Job(2, [sys.executable, str(tmp_path / "yours.py")]).wait(300)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if "[WARNING]" not in line]
+    said = lines.index(f"RuntimeError: check before the first step failed: {cause}")
+    assert lines[said + 1] == whole and len(lines) <= 20, "\n".join(lines)
+    assert "C++" not in done.stderr and "direct cause" not in done.stderr

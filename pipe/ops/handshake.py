@@ -195,9 +195,10 @@ class StageCheck:
     """`connect_stages`' probe, keeping this rank's first failure in words, and `agree`,
     which fails every rank if any failed. `bounds[vs]`: the layers of each virtual stage."""
 
-    def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2):
+    def __init__(self, chunks, bounds, stages, labels, carried, training=True, runs=2, whole=""):
         self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
         self.carried, self.training, self.runs = carried, training, runs
+        self.whole = whole               # the whole batch, in words, for the user's view
         self.failure = None              # (virtual stage, what went wrong, the exception)
         self.counted = False             # the loss is (sum, count)
 
@@ -207,6 +208,10 @@ class StageCheck:
             return None
         chunk, since, error = self.chunks[c], time.time(), None
         problem = self.boundary_problem(chunk, vs, spec)
+        if problem is None and self.training:    # each piece eagerly first: a mistake is found
+            found = locate_failure(chunk, example(spec), self.labels)   # without a compile
+            if found is not None:
+                problem, error = self.located(chunk, vs, spec, found, since), found[2]
         if problem is None:
             try:
                 out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
@@ -244,6 +249,16 @@ class StageCheck:
             return self.model_text(vs, spec, "compiling its forward failed (each layer ran "
                                    f"alone): {first_line(error)}"
                                    f"{HALF_HINT if is_half(chunk) else ''}", since)
+        return self.located(chunk, vs, spec, found, since)
+
+    def located(self, chunk, vs, spec, found, since):
+        """`locate_failure`'s (layer k, where, the exception) in words; beside a failure on the
+        input batch or in the loss (on the labels), the whole batch as the caller passed it."""
+        on_batch = vs == 0 or found[0] == len(chunk.layers)
+        return self.located_text(chunk, vs, spec, found, since) + \
+            (f"\n(the whole batch: {self.whole})" if on_batch and self.whole else "")
+
+    def located_text(self, chunk, vs, spec, found, since):
         k, where, cause = found
         mismatch = mismatched_weights(chunk, spec)
         if mismatch is not None and mismatch[0] == k:
@@ -291,8 +306,7 @@ class StageCheck:
             rows[wire.size] = [self.counted, *(write_header(output) + 1)]
         rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
         if self.failure is not None:
-            _, problem, error = self.failure
-            raise RuntimeError("check before the first step failed: " + problem) from error
+            raise RuntimeError("check before the first step failed: " + self.failure[1]) from None
         failed = rows[:wire.size, 0]
         if failed.any():
             rank = int(np.argmax(failed > 0))
