@@ -108,7 +108,7 @@ finished() {  # finished WHAT CMD...: run CMD, then say its figure, or that it f
   local what=$1; shift
   if "$@" > "$LOG.out" 2>&1; then
     local t=$(( $(date +%s) - T0 )) figure
-    figure=$(cat "$LOG.out" "$LOG"/worker_0.log 2>/dev/null | grep "ms per step\|median step" | tail -n 1)
+    figure=$(cat "$LOG.out" "$LOG"/worker_0.log 2>/dev/null | grep "ms per step\|median step" | tail -n 1 || true)
     [ -z "$figure" ] || printf '  [%d:%02d elapsed] %s\n' $((t / 60)) $((t % 60)) "${figure#"${figure%%[! ]*}"}"
   else
     echo "  failed: $what"; tail -n 5 "$([ -f "$LOG/worker_0.log" ] && echo "$LOG/worker_0.log" || echo "$LOG.out")"
