@@ -251,7 +251,8 @@ class PipelineEngine:
         self.built[batch.shapes] = built = Built(p2p, counter, self.build_step(batch, p2p, counter))
         if self.one_graph and self.wire.size > 1:   # a compile that fails anywhere fails everywhere
             inputs = self.step_inputs(batch, built, self.dropout_masks(batch, p2p, drawn=False))
-            agreed(self.wire, lambda: built.step.prepare(*inputs), "compiling the step as one graph")
+            agreed(self.wire, lambda: built.step.prepare(*inputs),
+                   "compiling the step as one graph")
         return p2p
 
     def build_step(self, batch, p2p, counter):

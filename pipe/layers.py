@@ -8,8 +8,8 @@ forward inside its backward is dead code, which the compiler drops."""
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight", "add_grads",
-           "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
+__all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight",
+           "add_grads", "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
            "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
            "Infer", "Buffers", "KeepsBuffers", "buffers_of"]
 
