@@ -1,9 +1,7 @@
 """A rank's actions, each handler written once: run one by one, or traced into one graph.
 
-    the loop (one_graph off)               the step as one graph (pipe.step)
-    for action in actions.program:         def construct(...):     # compiled, one call
-        state = actions.run(state,             for action in actions.program:
-                            action, data)          state = actions.run(state, action, data)
+    state = actions.run_all(actions.start(), data)   # pipe.step: as Python (the loop, each
+                                                     # action watched) or compiled, one call
 
 One by one, a handler calls its chunk's compiled cells and the wire; traced, MindSpore
 compiles the same lines once per batch shape (the program is constants) with messages as
@@ -142,11 +140,17 @@ class Actions(nn.Cell):
             return self.send(state, step.message, step.takes)
         return self.recv(state, step.message, step.puts)
 
+    def run_all(self, state, data):
+        """Every action of `program`, in order, from `state`; returns the state."""
+        for action in self.program:
+            state = self.run(state, action, data)
+        return state
+
     def summed(self, state):
-        """The step's weight gradient sums of each chunk, in order."""
+        """The step's weight gradient sums, each chunk's after the one before, as one tuple."""
         summed = ()
         for c in range(self.count):
-            summed = summed + (state["grads"][c],)
+            summed = summed + state["grads"][c]
         return summed
 
     # ---- computations -----------------------------------------------------------------

@@ -5,13 +5,14 @@ Both are speed and memory, never the model trained. A config field left None is 
 the rules below, from the config and the model's layers, the same on every rank."""
 from dataclasses import dataclass
 
+import mindspore as ms
 import numpy as np
 from mindspore import nn
 
 __all__ = ["Modes", "decide", "facts_of", "SMALL_STAGE", "MANY_LAYERS"]
 
 SMALL_STAGE = 10_000_000   # parameters: a stage below it computes too little per action to
-                           # hide the host's cost per call (0.2-0.5 ms)
+                           # hide the host's cost per call
 MANY_LAYERS = 32           # layers: a stage above it issues so many kernels per action that
                            # the host issuing them one action at a time bounds the loop
 
@@ -49,7 +50,6 @@ def facts_of(wire, chunks):
     slots = np.zeros((wire.size, len(mine)), np.float32)
     slots[wire.rank] = mine
     if wire.size > 1:
-        import mindspore as ms
         ranks = tuple(range(wire.size))
         slots = wire.all_reduce(ms.Tensor(slots.reshape(-1)), ranks).asnumpy().reshape(slots.shape)
     most = slots.max(0)

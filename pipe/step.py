@@ -38,13 +38,8 @@ class Step(nn.Cell):
         if self.counter is not None:   # the global batch's count divides the scale first
             scale, count = self.counter(counted, scale)
         data = (self.cut(rows), self.cut(labels), masks, scale)
-        state = self.actions.start()
-        for action in self.actions.program:
-            state = self.actions.run(state, action, data)
-        grads = ()
-        for summed in self.actions.summed(state):     # each chunk's, one after the other
-            grads = grads + summed
-        return loss_sum(state["outputs"]), grads, state["sent"], count
+        state = self.actions.run_all(self.actions.start(), data)
+        return loss_sum(state["outputs"]), self.actions.summed(state), state["sent"], count
 
     def prepare(self, *inputs):
         """Compile the graph for these inputs without running it (what a `jit` call does first)."""

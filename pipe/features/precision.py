@@ -147,7 +147,7 @@ class LossScaler:
         self.unscale_cell = Compiled(Unscale(half))
 
     def inverse(self):
-        """1 / S as a tensor, what `Unscale` multiplies by (in the loop or the step's graph)."""
+        """1 / S as a tensor, what `Unscale` multiplies by."""
         return scalar(1.0 / self.value)
 
     def unscale(self, wire, grads):

@@ -199,27 +199,27 @@ class StageCheck:
         self.chunks, self.bounds, self.stages, self.labels = chunks, bounds, stages, labels
         self.carried, self.training, self.runs = carried, training, runs
         self.whole = whole               # the whole batch, in words, for the user's view
-        self.failure = None              # (virtual stage, what went wrong, the exception)
+        self.failure = None              # (virtual stage, what went wrong, in words)
         self.counted = False             # the loss is (sum, count)
 
     def probe(self, c, vs, spec):
         """Chunk c's output spec on an input of `spec`, or None after a failure here."""
         if self.failure is not None:
             return None
-        chunk, since, error = self.chunks[c], time.time(), None
+        chunk, since = self.chunks[c], time.time()
         problem = self.boundary_problem(chunk, vs, spec)
         if problem is None and self.training:    # each piece eagerly first: a mistake is found
             found = locate_failure(chunk, example(spec), self.labels)   # without a compile
             if found is not None:
-                problem, error = self.located(chunk, vs, spec, found, since), found[2]
+                problem = self.located(chunk, vs, spec, found, since)
         if problem is None:
             try:
                 out, counted = probe(chunk, example(spec), self.labels, self.training, self.runs)
                 self.counted = self.counted or counted
                 return out
             except Exception as e:           # the user's model: any exception is its error
-                problem, error = self.explain(chunk, vs, spec, e, since), e
-        self.failure = vs, problem, error
+                problem = self.explain(chunk, vs, spec, e, since)
+        self.failure = vs, problem
         return None
 
     def boundary_problem(self, chunk, vs, spec):
@@ -244,7 +244,8 @@ class StageCheck:
         with the piece that raised it."""
         if isinstance(error, RandomLayer):
             return self.model_text(vs, spec, str(error), since)
-        found = locate_failure(chunk, example(spec), self.labels if self.training else None)
+        # (in training each piece already ran alone, before the compile: none failed)
+        found = None if self.training else locate_failure(chunk, example(spec), None)
         if found is None:
             return self.model_text(vs, spec, "compiling its forward failed (each layer ran "
                                    f"alone): {first_line(error)}"

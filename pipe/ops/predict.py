@@ -56,9 +56,7 @@ def predict(engine, inputs, broadcast):
     for chunk in engine.chunks:
         chunk.set_mode(False)
     engine.watch.begin(schedule)
-    state = actions.start()
-    for action in actions.program:
-        state = actions.run(state, action, (batch.inputs,))
+    state = actions.run_all(actions.start(), (batch.inputs,))
     engine.watch.end(schedule)
     last = engine.chunks[-1].is_last
     out = ops.cat(state["outputs"]) if last else None
