@@ -230,8 +230,8 @@ def pipe_step(args, device):
     params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
         engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
-    chose = {"defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph, **place,
-             "impl": "pipe-graph" if engine.one_graph else "pipe", "first_step_s": round(first, 2)}
+    chose = {"defer_wgrad": engine.modes.defer_wgrad, "one_graph": engine.modes.one_graph, **place,
+             "impl": "pipe-graph" if engine.modes.one_graph else "pipe", "first_step_s": round(first, 2)}
 
     def step():
         return engine.train_step(ids, targets)

@@ -92,8 +92,7 @@ class PipelineEngine:
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
         self.built = {}                  # batch shapes -> Built: agreed and built once each
-        # predict's batch shapes -> (handlers, messages, output spec)
-        self.predicting = {}
+        self.predicting = {}             # predict's shapes -> (handlers, messages, output spec)
         self.memory = Memory()           # activation bytes the loop holds in flight
         self.tracer = None               # a pipe.ops.trace.Tracer records a timeline when set
         self.scaler = LossScaler(config.loss_scale, config.loss_scale_window, [
@@ -115,14 +114,6 @@ class PipelineEngine:
         weight = self.loss_weight(count)              # what each micro-batch's loss counts
         self.update_weights(grads)
         return self.step_loss(losses, weight)
-
-    @property
-    def one_graph(self):
-        return self.modes.one_graph
-
-    @property
-    def defer_wgrad(self):
-        return self.modes.defer_wgrad
 
     @property
     def mean_weight(self):
@@ -160,7 +151,7 @@ class PipelineEngine:
         gradient's scale (in one graph a plain number it folds in, unless fp16's scale or a
         (sum, count) loss's count moves it), a (sum, count) loss's labels."""
         counter = built.counter
-        fixed = self.one_graph and not (self.scaler or counter)
+        fixed = self.modes.one_graph and not (self.scaler or counter)
         scale = self.mean_weight if fixed else self.loss_grad_scale(counter)
         return (*replica_rows(batch), masks, scale, counted_labels(batch, counter))
 
@@ -249,7 +240,7 @@ class PipelineEngine:
             return p2p
         counter = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None
         self.built[batch.shapes] = built = Built(p2p, counter, self.build_step(batch, p2p, counter))
-        if self.one_graph and self.wire.size > 1:   # a compile that fails anywhere fails everywhere
+        if self.modes.one_graph and self.wire.size > 1:  # a compile failing anywhere fails all
             inputs = self.step_inputs(batch, built, self.dropout_masks(batch, p2p, drawn=False))
             agreed(self.wire, lambda: built.step.prepare(*inputs),
                    "compiling the step as one graph")
@@ -258,7 +249,7 @@ class PipelineEngine:
     def build_step(self, batch, p2p, counter):
         """The step function for these shapes: its handlers traced into one graph, or run as
         the loop, each action watched and its bytes in flight counted."""
-        if self.one_graph:
+        if self.modes.one_graph:
             return Step(Actions(self.layout, p2p, compiled=True), counter, one_graph=True)
         stores = (lambda: (self.memory.store("kept", batch.shapes),
                            self.memory.store("waiting", batch.shapes)))

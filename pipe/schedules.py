@@ -2,7 +2,8 @@
 
 A schedule that splits the backward runs I (the input gradient, which the previous stage
 waits for) and W (the weight gradient, which nobody waits for) where others run B;
-`with_deferred_wgrad` moves every W to the flush (`W*`). `python -m pipe` prints any of them."""
+`with_deferred_wgrad` moves every W to the flush (`W*`). `examples/show_schedule.py`
+prints any of them."""
 from dataclasses import dataclass, replace
 
 from pipe.schedule import Action, Schedule, gpipe, one_f_one_b

@@ -199,5 +199,5 @@ def pipe_run(spec, communicator):
                    if 0 < vs < engine.schedule.virtual_stages for _, dtype in elements(spec)})
     return engine, {"losses": losses, "parameters_held": held, "loss_scales": scales,
                     "wire_dtypes": wire,
-                    "defer_wgrad": engine.defer_wgrad, "one_graph": engine.one_graph,
+                    "defer_wgrad": engine.modes.defer_wgrad, "one_graph": engine.modes.one_graph,
                     "grad_dtypes": sorted(summed)}

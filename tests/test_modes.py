@@ -93,7 +93,7 @@ def test_left_to_pipe_a_run_says_its_modes_once_and_trains_as_those_flags_would(
     chosen, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8), capsys)
     assert out == ("pipe: the step runs as one compiled graph; weight gradients at the end of "
                    f"the step ({ONE_CALL}; {DEFERRED})\n")
-    assert (chosen.defer_wgrad, chosen.one_graph, chosen.config.defer_wgrad) == (True, True, None)
+    assert (chosen.modes.defer_wgrad, chosen.modes.one_graph, chosen.config.defer_wgrad) == (True, True, None)
     forced, quiet = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
                                                             defer_wgrad=True, one_graph=True), capsys)
     assert quiet == ""                   # nothing left to pipe: nothing said
@@ -114,7 +114,7 @@ def test_batch_norm_left_to_pipe_runs_w_per_micro_batch_in_one_graph(capsys):
     assert out == ("pipe: the step runs as one compiled graph; weight gradients with each "
                    f"micro-batch's backward ({ONE_CALL}; batch norm: one weight gradient over all "
                    "rows would mix their statistics)\n")
-    assert (engine.defer_wgrad, engine.one_graph, engine.config.one_graph) == (False, True, None)
+    assert (engine.modes.defer_wgrad, engine.modes.one_graph, engine.config.one_graph) == (False, True, None)
     looped, _ = train(bn_model(), loop_config(micro_batches=2, batch_size=8), capsys)
     for a, b in zip(engine.layout.params + engine.layout.buffers,
                     looped.layout.params + looped.layout.buffers):
@@ -126,7 +126,7 @@ def test_one_mode_left_to_pipe_is_said_with_its_reason_alone(capsys):
                                                           one_graph=False), capsys)
     assert out == ("pipe: the step runs action by action; weight gradients at the end of the "
                    f"step ({DEFERRED})\n")
-    assert (engine.defer_wgrad, engine.one_graph) == (True, False)
+    assert (engine.modes.defer_wgrad, engine.modes.one_graph) == (True, False)
 
 
 def matrix(root):

@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from launch import load_example
 from pipe.ops.simulator import format_table, simulate
 from pipe.schedule import lower, message_key
 from pipe.schedules import (CHUNKS_PER_STAGE, EVERY, SCHEDULES, action_costs, defers_wgrad,
@@ -410,7 +411,7 @@ dualpipe-v                0.0769        16  4 4
 def test_cli_compares_every_schedule(capsys, flags, table):
     """Deferred, W* costs M x W and every micro-batch waits for it: the bubble the flush
     adds and the memory it holds."""
-    from pipe.__main__ import main
+    main = load_example("show_schedule", "show_schedule.py").main
     main(["--schedule", "all", "--stages", "2", "--micro-batches", "4"] + flags)
     assert capsys.readouterr().out == table
 
@@ -441,7 +442,7 @@ def test_dualpipe_v_bubble(stages, micro_batches, costs):
 
 
 def test_cli_prints_table_bubble_and_messages(capsys):
-    from pipe.__main__ import main
+    main = load_example("show_schedule", "show_schedule.py").main
     main(["--schedule", "zb-h1", "--stages", "2", "--micro-batches", "4"])
     out = capsys.readouterr().out
     assert out.startswith("step stage0 stage1\n0    F0     .\n1    F1     F0\n2    .      I0\n")
@@ -457,7 +458,7 @@ def test_cli_prints_table_bubble_and_messages(capsys):
      "use --micro-batches 4\n"),
 ])
 def test_cli_answers_a_bad_value_with_one_line_and_exit_code_2(capsys, argv, message):
-    from pipe.__main__ import main
+    main = load_example("show_schedule", "show_schedule.py").main
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 2

@@ -1,1 +1,1 @@
-"""Operations around the step: checkpoints, fail-fast, the first step's check, CLI, simulator."""
+"""Operations around the step: checkpoints, fail-fast, the first step's check, the simulator."""

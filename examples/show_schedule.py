@@ -1,23 +1,19 @@
 """pipe's command line: print a schedule as its table, simulate it, check its messages;
 or compare every schedule for one P, M and set of costs.
 
-    python -m pipe --schedule zb-h1 --stages 4 --micro-batches 8
-    python -m pipe --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
+    python examples/show_schedule.py --schedule zb-h1 --stages 4 --micro-batches 8
+    python examples/show_schedule.py --schedule all --stages 4 --micro-batches 8 --cost 1 1 1
 
 Memory is counted per stage in micro-batches of a whole stage's activations, from F until
 the last backward piece; `--defer-wgrad` runs every W at the flush (`W*`)."""
-import argparse
+import os
 import sys
 
-from pipe import schedules
-from pipe.config import PipelineConfig, as_flags
-from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):            # a bad flag: one line, exit code 2
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/cli.py
+from cli import Parser  # noqa: E402
+from pipe import schedules  # noqa: E402
+from pipe.config import PipelineConfig, as_flags  # noqa: E402
+from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate  # noqa: E402
 
 
 def peaks(schedule):
@@ -70,7 +66,7 @@ def show(schedule, cost, lowered):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m pipe",
+    p = Parser(prog="python examples/show_schedule.py",
                description="Print a schedule, simulate it, check its messages.")
     p.add_argument("--schedule", default="1f1b", choices=sorted(schedules.SCHEDULES) + ["all"])
     p.add_argument("--stages", type=int, default=4)
