@@ -13,7 +13,7 @@ host's milliseconds in the Send call, the median of 20, in these cases:
   int32       an int32 (4, 512) tensor already computed (the GPT's mask), the peer waiting
 A Send that waits for its input takes the work's device time in "after-work"; one that waits
 for its peer takes 30 ms in "late-peer"; "add" shows the host free to run ahead of the work
-(docs/performance.md, "Where the GPT's step goes").
+(docs/performance.md, "Where a step goes").
 """
 import os
 import statistics

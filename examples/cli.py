@@ -131,8 +131,7 @@ def use_device(name, memory_plan=True):
 
 def plan_memory():
     """Plan every graph's device memory when it compiles (MindSpore's SOMAS, optimize_level
-    "O1"): faster where launches bound the step, same weights (docs/performance.md). Once per
-    process."""
+    "O1"): faster where launches bound the step, same weights. Once per process."""
     import mindspore as ms
     try:
         ms.runtime.set_memory(optimize_level="O1")
