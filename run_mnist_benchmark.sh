@@ -21,6 +21,9 @@
 #          --steps N (per window; default 10, the GPT's 5)  --repeats R (windows; the table
 #                                            shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+#          --gpt-batch 64|256 (GPUs: the GPT's global batch; 64 in 4P micro-batches, or 256 in
+#                              16 of 16 on every layout, which one GPU of 120 GiB or more
+#                              trains by accumulating them, torch whole)
 #          --one-at-a-time (headline: each launch starts once the one before has ended; by
 #                           default they start together, each on its own devices, compile side
 #                           by side, then are timed one at a time: all of them on 4 or more
@@ -33,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS="" DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
-TF32=""
+TF32="" GBATCH=64
 REPEATS=3 HEADLINE=1 SIDE=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,7 +48,8 @@ while [ $# -gt 0 ]; do
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
     --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
     --repeats) REPEATS=$2; shift 2 ;;          --one-at-a-time) SIDE=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --gpt-batch) GBATCH=$2; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -64,6 +68,7 @@ NAMES=$(python -c "from pipe.schedules import SCHEDULES; print(*SCHEDULES)")
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || bad "--steps $STEPS: use a positive integer"
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || bad "--repeats $REPEATS: use a positive integer"
 [[ -z "$DEVICES" || "$DEVICES" =~ ^[1-9][0-9]*$ ]] || bad "--devices $DEVICES: use a positive integer"
+[[ "$GBATCH" =~ ^(64|256)$ ]] || bad "--gpt-batch $GBATCH: use 64 or 256"
 
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   DEVICE=GPU; FOUND=$(nvidia-smi -L | wc -l)
@@ -71,6 +76,7 @@ else
   DEVICE=CPU; FOUND=2
 fi
 DEVICES=${DEVICES:-$FOUND}
+[ "$GBATCH" = 64 ] || [ "$DEVICE" = GPU ] || bad "--gpt-batch $GBATCH is for GPUs; on CPU the GPT is scaled down to a batch of 16: drop --gpt-batch"
 [ -z "$TF32" ] || [ "$DEVICE" = GPU ] || bad "--tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which multiplies in float32 whatever it is set to: drop --tf32"
 if [ "$LAYOUT" != all ]; then   # a layout the devices cannot hold: say so, before any run
   NEED=$(( ${LAYOUT%x*} * ${LAYOUT#*x} ))
@@ -88,6 +94,9 @@ ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer tha
 if [ "$DEVICE" = GPU ]; then   # under 100 GiB one batch per model (one batch peaks at 74 GiB on 2)
   MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -n 1)
   [ "$DEVICES" -ge 4 ] || [ "${MEM:-0}" -ge 102400 ] || ONE_BATCH=0
+  if [ "$SIDE" = 1 ] && [ "$GBATCH" = 256 ]; then   # (its one-GPU steps take 112-115 GiB each)
+    SIDE=0; echo "(--gpt-batch 256: one launch at a time)"
+  fi
   if [ "$SIDE" = 1 ] && [ "${MEM:-0}" -lt 65536 ]; then   # (the GPT's one-GPU steps: 30 GiB each)
     SIDE=0; echo "(GPUs of $((${MEM:-0} / 1024)) GiB: one launch at a time; side by side needs 64 GiB a GPU)"
   fi
@@ -240,7 +249,7 @@ fi
 gpt_size() {  # the GPT: GPT-2-small-sized on GPUs, scaled down on CPU cores; MFU's peak
   PEAK=0
   if [ "$DEVICE" = CPU ]; then GSIZE="--layers 2 --width 64 --heads 4 --context 64 --batch-size 16"
-  else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size 64"
+  else GSIZE="--layers 12 --width 768 --heads 12 --context 512 --batch-size $GBATCH"
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in   # dense peaks
       *H100*|*H200*) PEAK=989                                     # fp16
         if [ "$PRECISION" = fp32 ]; then PEAK=$([ -n "$TF32" ] && echo 495 || echo 67); fi ;; esac
@@ -250,7 +259,9 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
   gpt_size         # 2, 4, 8 devices up to P, M = 4 x stages (a pipeline-sized batch), 1F1B, one split
   say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
   batch
-  launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore
+  local whole=""   # one GPU's step: the whole batch, or 256 as 16 micro-batches accumulated
+  [ "$GBATCH" = 256 ] && whole="--micro-batches 16"
+  launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore $whole
   if [ $TORCH_GPT = 1 ]; then
     launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
   else
@@ -261,11 +272,12 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
   fi
   for p in 2 4 8; do
     [ $p -le $P ] || continue
-    launch_gpt $p "pipe ${p}x1 M=$((4 * p)): 1f1b (pipe chooses W and one graph)" $GSIZE \
-      --impl pipe --micro-batches $((4 * p)) --partition blocks $DEFER
+    local m=$((GBATCH == 256 ? 16 : 4 * p))   # micro-batches of 64 / 4P sequences, or of 16
+    launch_gpt $p "pipe ${p}x1 M=$m: 1f1b (pipe chooses W and one graph)" $GSIZE \
+      --impl pipe --micro-batches $m --partition blocks $DEFER
     if [ $TORCH_GPT = 1 ] && [ "$DEVICE" = GPU ]; then
-      launch_torch_gpt_pipeline $p "torch.distributed.pipelining ${p}x1 M=$((4 * p)): 1f1b" $GSIZE \
-        --micro-batches $((4 * p))
+      launch_torch_gpt_pipeline $p "torch.distributed.pipelining ${p}x1 M=$m: 1f1b" $GSIZE \
+        --micro-batches $m
     fi
   done
   if [ $TORCH_GPT = 1 ] && [ $P -gt 1 ] && [ "$DEVICE" != GPU ]; then

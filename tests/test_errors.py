@@ -76,6 +76,10 @@ def test_damaged_mnist_file_is_named(tmp_path):
     (["./run_mnist_benchmark.sh", "--tf32"],
      "error: --tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which "
      "multiplies in float32 whatever it is set to: drop --tf32\n"),
+    (["./run_mnist_benchmark.sh", "--gpt-batch", "100"], "error: --gpt-batch 100: use 64 or 256\n"),
+    (["./run_mnist_benchmark.sh", "--gpt-batch", "256"],
+     "error: --gpt-batch 256 is for GPUs; on CPU the GPT is scaled down to a batch of 16: drop "
+     "--gpt-batch\n"),
     (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "--model", "bert"],   # (checked before
      "error: --model bert: use mlp or gpt\n"),                                       # it makes the folder)
     (["bash", "benchmarks/gpu_checks.sh", "/tmp/pipe-gpu-checks", "--layout", "1x1"],
@@ -96,7 +100,7 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: argument results: no such file: runs/none/results.jsonl\n"),
     ([sys.executable, "benchmarks/compare_runs.py", "a.ckpt", "a.log", "b.ckpt", "b.log"],
      "error: argument ckpt_a: no such file: a.ckpt\n"),
-    ([sys.executable, "-m", "pipe", "--stages", "x"],     # argparse's own check, in one line too
+    ([sys.executable, "examples/show_schedule.py", "--stages", "x"],   # argparse's own check too
      "error: argument --stages: invalid int value: 'x'\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--device", "Ascend"],   # (no Ascend here)
      "error: --device Ascend: this MindSpore cannot run on it here (its Ascend plugin did not load); "
