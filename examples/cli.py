@@ -1,9 +1,11 @@
-"""What every command-line program of pipe answers to a bad value: one line that names the
-value and the fix, and exit code 2."""
+"""What every command-line program of pipe answers to a bad value (one line that names the
+value and the fix, exit code 2) and to Ctrl-C (one line on rank 0, exit code 130)."""
 import argparse
 import os
 import shutil
+import signal
 import sys
+from contextlib import contextmanager
 from dataclasses import fields
 
 from pipe.config import PipelineConfig, as_flags
@@ -12,7 +14,8 @@ from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
            "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
-           "run", "precision_name", "report", "launch_rank"]
+           "run", "precision_name", "report", "launch_rank", "PROGRESS", "stop_on_ctrl_c",
+           "saving"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -147,3 +150,50 @@ def run(main):
     except (ValueError, TypeError) as e:
         report(e)
         sys.exit(2)
+
+
+class Progress:
+    """Where a run is, for what Ctrl-C says: `at` in words, the last checkpoint saved."""
+    at = "while starting"
+    saved = None                         # the step folder of the last checkpoint saved
+    saving = False                       # a checkpoint is being written: Ctrl-C waits for it
+    interrupted = False
+
+
+PROGRESS = Progress()
+
+
+def stop_on_ctrl_c():
+    """From now on Ctrl-C, which a terminal sends to every process of the job, stops each
+    rank at once with exit code 130 (as shells report Ctrl-C), rank 0 saying in one line
+    where the run was and what it saved; no traceback, no teardown. A checkpoint being
+    written is finished first (`saving`). SIGTERM too: inside a compiled call MindSpore
+    turns Ctrl-C into it."""
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+
+
+def _stop(signum=None, frame=None):
+    if PROGRESS.saving:
+        PROGRESS.interrupted = True
+        return
+    if launch_rank() == 0:
+        saved = (f"the last checkpoint saved is {PROGRESS.saved} (--resume continues from it)"
+                 if PROGRESS.saved else "no checkpoint saved")
+        print(f"interrupted {PROGRESS.at}; {saved}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)                        # (not exit: MindSpore's threads would be torn down)
+
+
+@contextmanager
+def saving(where):
+    """Writing the checkpoint `where`: a Ctrl-C meanwhile stops the run once it is sealed."""
+    PROGRESS.saving = True
+    try:
+        yield
+    finally:
+        PROGRESS.saving = False
+    PROGRESS.saved = where
+    if PROGRESS.interrupted:
+        _stop()

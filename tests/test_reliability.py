@@ -6,6 +6,7 @@ it is (a shape check, a deadline naming the lost rank), whatever the machine's l
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -126,6 +127,56 @@ def test_resume_after_a_kill_gives_the_uninterrupted_weights(trained, tmp_path):
     got, want = load(tmp_path / "cut" / "model.ckpt"), load(trained / "kill-whole" / "model.ckpt")
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def handles_sigterm(job, rank):
+    """Whether rank `rank`'s process has its own SIGTERM handler (the examples' Ctrl-C
+    handling, installed before MindSpore loads), from /proc."""
+    try:
+        with open(f"/proc/{rank_process(job, rank).pid}/status") as f:
+            caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+    except (AssertionError, OSError, psutil.Error):
+        return False
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
+def left_running(word):
+    """The processes still running whose command line holds `word`."""
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if word in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except psutil.Error:
+            continue
+    return left
+
+
+@pytest.mark.parametrize("after", [None, "step     3"])
+def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C: while starting (MindSpore
+    loading) or mid-run. Rank 0 says where it stopped and what it saved; no traceback, no
+    process left; the checkpoint it names is whole."""
+    from pipe.ops.checkpoint import latest
+    job = start(2, *SMALL, "--stages", 2, "--steps", 100000, "--save", tmp_path, "--save-every", 1)
+    if after:
+        job.wait_for_line(0, after)
+    else:                                # as soon as both ranks handle it: MindSpore loading
+        deadline = time.monotonic() + 60
+        while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
+            assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
+    os.killpg(job.proc.pid, signal.SIGINT)
+    job.wait(timeout=60)
+    assert job.returncode == 130, job.stderr[-2000:]
+    assert job.errs[1] == "" and "Traceback" not in job.stderr + job.stdout
+    assert left_running(str(tmp_path)) == []
+    if not after:
+        assert job.errs[0] == "interrupted while starting; no checkpoint saved\n"
+        return
+    where, meta = latest(str(tmp_path))  # (a Ctrl-C while saving waits for the checkpoint)
+    stopped = [f"during step {meta['step'] + 1}", f"after step {meta['step']}"]
+    assert job.errs[0] in [f"interrupted {at} of 100000; the last checkpoint saved is {where} "
+                           "(--resume continues from it)\n" for at in stopped]
 
 
 @pytest.fixture(scope="module")

@@ -14,19 +14,11 @@ import sys
 import time
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from mindspore import nn  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import model  # noqa: E402  (the example's own module, beside this file)
-
-from pipe.engine import PipelineEngine  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own module
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                          add_precision_flag, add_speed_flags, config_from,
-                          positive_int, run, use_device)
+from cli import (PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+                 add_precision_flag, add_speed_flags, config_from, positive_int, run, saving,
+                 stop_on_ctrl_c, use_device)
 
 
 def parser():
@@ -49,6 +41,19 @@ def parser():
 
 def parse_args(argv=None):
     return parser().parse_args(argv)
+
+
+if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
+    stop_on_ctrl_c()
+    ARGS = parse_args()
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
+
+import model  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.ops.checkpoint import step_dir  # noqa: E402
 
 
 def generate(engine, prompts, length, rng):
@@ -84,8 +89,10 @@ def train(args, wire=None):
         flush=True)
     start = last = time.perf_counter()
     for step in range(1, args.steps + 1):
+        PROGRESS.at = f"during step {step} of {args.steps}"
         ids, targets = next(stream)
         loss = engine.train_step(ids, targets)
+        PROGRESS.at = f"after step {step} of {args.steps}"
         now = time.perf_counter()        # a line every --log-every steps, and at least every 10 s
         if step % args.log_every == 0 or step in (1, args.steps) or now - last >= 10:
             say(f"step {step:5d}  length {ids.shape[1]:3d}  loss {loss:.4f}  "
@@ -93,7 +100,8 @@ def train(args, wire=None):
             last = now
     say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
-        engine.save(args.save, args.steps)
+        with saving(step_dir(args.save, args.steps)):
+            engine.save(args.save, args.steps)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
     if args.sample:
         prompts = [b"The ", b"A list ", b"Return ", b"If the "][:args.micro_batches]
@@ -103,9 +111,5 @@ def train(args, wire=None):
     return engine
 
 
-def main(argv=None):
-    train(parse_args(argv))
-
-
 if __name__ == "__main__":
-    run(main)
+    run(lambda: train(ARGS))

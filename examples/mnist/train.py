@@ -14,21 +14,11 @@ import os
 import sys
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from mindspore import nn  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import data  # noqa: E402  (the example's own modules, beside this file)
-from cnn import cnn_layers  # noqa: E402
-
-from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
-from pipe.ops.checkpoint import CheckpointError  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import (Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                          add_precision_flag, add_speed_flags, config_from, positive_int,
-                          report, use_device)
+from cli import (PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+                 add_precision_flag, add_speed_flags, config_from, positive_int, report, saving,
+                 stop_on_ctrl_c, use_device)
 
 
 def _positive(text):
@@ -92,6 +82,20 @@ def parse_args(argv=None):
     return args
 
 
+if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
+    stop_on_ctrl_c()
+    ARGS = parse_args()
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
+
+import data  # noqa: E402
+from cnn import cnn_layers  # noqa: E402
+from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
+from pipe.ops.checkpoint import CheckpointError, step_dir  # noqa: E402
+
+
 def mlp_layers(layers, hidden, inputs=784, init="he_uniform"):
     """inputs -> layers x (Dense hidden + ReLU) -> Dense 10: one builder per block (L+1).
     `init` is nn.Dense's weight initializer; with the default, the weights are nn.Dense's."""
@@ -148,19 +152,23 @@ def train(args, wire=None):
             return {"losses": [], "accuracy": None, "engine": engine}
         for _ in range(start):
             next(stream)
+        PROGRESS.saved = step_dir(args.resume, start)
         say(f"resumed from step {start} in {args.resume}")
 
     # ---- training loop ----------------------------------------------------------------
     losses = []
     checkpoint_meta = {"seed": args.seed, "batch_size": args.batch_size}
     for step in range(start + 1, args.steps + 1):
+        PROGRESS.at = f"during step {step} of {args.steps}"
         images, labels = next(stream)
         loss = engine.train_step(images, labels)
+        PROGRESS.at = f"after step {step} of {args.steps}"
         losses.append(loss)
         if step % args.log_every == 0 or step == args.steps:
             say(f"step {step:5d}  loss {loss:.6f}")
         if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
-            engine.save(args.save, step, checkpoint_meta)
+            with saving(step_dir(args.save, step)):
+                engine.save(args.save, step, checkpoint_meta)
 
     if not engine.modes.one_graph:             # (inside one graph, MindSpore holds them)
         say(f"peak activation memory held by rank 0: {engine.peak_bytes / 2**20:.2f} MiB")
@@ -174,14 +182,14 @@ def train(args, wire=None):
         say(f"held-out accuracy {accuracy:.4f} on {usable} samples")
 
     if args.save:
-        engine.save(args.save, max(start, args.steps), checkpoint_meta)
+        with saving(step_dir(args.save, max(start, args.steps))):
+            engine.save(args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
     return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": engine.peak_bytes, "engine": engine,
             "data": source, "samples": [len(train_x), len(test_x)]}
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     try:
         train(args)
     except (ValueError, TypeError, CheckpointError) as e:   # a usage mistake: what to change
@@ -196,4 +204,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)
