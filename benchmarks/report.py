@@ -11,7 +11,9 @@ compiled step on one device (torch's rows: torch's own step on one device, where
 efficiency divides it by the number of devices. Pipeline
 efficiency compares with pipe on a single device running the same M micro-batches, so it
 isolates the schedule from the cost of micro-batching; the bound on it is m/(m+p-1) (data
-parallelism assumed free).
+parallelism assumed free). In the CSV: tokens_per_s and mfu are the GPT's (6 N + 12 L T d
+FLOPs per token over the devices' dense peak); host_us_per_action is rank 0's median host
+microseconds per action kind, issuing the work, not waiting for it.
 """
 import csv
 import json
@@ -19,6 +21,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -27,19 +30,16 @@ from cli import Parser, existing_file  # noqa: E402
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "tokens_per_s",
            "mfu", "speedup", "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB",
            "host_us_per_action"]
-DERIVED = ("speedup", "efficiency", "pipeline_eff", "bound")   # from other rows, or "-"
+SHOWN = ["model", "layout", "impl", "schedule", "M", "step_ms", "speedup", "bound", "peak_GiB"]
+DERIVED = ("speedup", "bound")        # from other rows, or "-"
 NOTES = {
     "columns": "layout: stages x replicas; schedule W*: every micro-batch's weight gradient at "
-               "the flush; speedup: over one device's step; efficiency: speedup / devices; "
-               "pipeline_eff: against pipe on one device with the same M; bound: M / (M + P - 1), "
-               "what the schedule's bubble allows",
-    "-": "-: not measured in these results (speedup needs a one-device run of the same model, "
-         "pipeline_eff pipe's one-device run with the same M: --all; the built-in has no bound)",
-    "mfu": "tokens_per_s, mfu: the GPT's (benchmarks/gpt_benchmark.py: 6 N + 12 L T d FLOPs per "
-           "token over the devices' dense peak; - where no peak was given or for an MLP)",
-    "host": "host_us_per_action: rank 0's median host microseconds per action kind, issuing the "
-            "work, not waiting for it (F forward, B backward, I input gradient, W weight "
-            "gradient, W* all micro-batches' W, sF/sB/rF/rB sends and receives)",
+               "the flush; speedup: over one device's step; bound: M / (M + P - 1), what the "
+               "schedule's bubble allows; peak_GiB: the largest stage's peak memory. Every "
+               "column (samples and tokens per second, MFU, efficiencies, memory per stage, "
+               "the host's time per action) is in the CSV beside the PNG",
+    "-": "-: not measured in these results (speedup needs a one-device run of the same model: "
+         "--all; the built-in has no bound)",
 }
 
 
@@ -87,6 +87,7 @@ def summarize(lines):
                      "devices": P * D, "P": P, "device": first.get("device", "device"),
                      "deferred": deferred,
                      "peak_mem_per_stage_GiB": " ".join(f"{memory[s] / 2**30:.2f}" for s in sorted(memory)),
+                     "peak_GiB": max(memory.values()) / 2**30,
                      "host_us_per_action": host_line(ranks)})
     def single(row, micro_batches, impls):    # one device, the first of `impls` run
         for impl in impls:
@@ -116,18 +117,13 @@ def cell(value, column=""):
 
 
 def format_table(rows):
-    """The table, then a footnote for each kind of entry that needs one."""
-    table = [COLUMNS] + [[cell(r[c], c) for c in COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    """The table's main columns (the CSV has them all), then a footnote for each kind of
+    entry that needs one; within 100 columns."""
+    table = [SHOWN] + [[cell(r[c], c) for c in SHOWN] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(SHOWN))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
-    lines.append(NOTES["columns"])
-    if any(cell(r[c]) == "-" for r in rows for c in DERIVED):
-        lines.append(NOTES["-"])
-    if any(not math.isnan(r["tokens_per_s"]) for r in rows):
-        lines.append(NOTES["mfu"])
-    if any(r["host_us_per_action"] != "-" for r in rows):
-        lines.append(NOTES["host"])
-    return "\n".join(lines)
+    notes = [NOTES["columns"]] + [NOTES["-"]] * any(cell(r[c]) == "-" for r in rows for c in DERIVED)
+    return "\n".join(lines + [textwrap.fill(note, 100) for note in notes])
 
 
 NAMES = {"pipe": "pipe (loop)", "pipe-graph": "pipe (one graph)", "builtin": "MindSpore built-in",
@@ -156,18 +152,26 @@ def chart(rows, path):
     except ImportError:
         return "no chart: matplotlib is not importable (pip install matplotlib, then run this again)"
     models = sorted({r["model"] for r in rows})
+    cpu = all(r["device"] == "CPU" for r in rows)
     fig, axes = plt.subplots(len(models), 1, squeeze=False,
-                             figsize=(9, 1.2 + 0.35 * len(rows) + 1.2 * len(models)))
+                             figsize=(9, 1.2 + 0.35 * len(rows) + 1.2 * len(models) + cpu))
     for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
-        if model.startswith("GPT"):
+        if model.startswith("GPT") and not cpu:
             scaling(ax, model, mine)
         else:
             bars(ax, model, mine)
+    if cpu:                              # processes sharing cores: no speedup to draw
+        fig.suptitle(CPU_NOTE, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"chart: {path}"
+
+
+CPU_NOTE = ("On CPU the processes share this machine's cores, so a pipeline cannot run faster:\n"
+            "these runs show each schedule at work and every layout training the same model;\n"
+            "speedup needs one GPU per stage")
 
 
 def bars(ax, model, mine):
@@ -177,7 +181,8 @@ def bars(ax, model, mine):
     for y, r in enumerate(mine):
         ax.text(r["step_ms"], y, f" {r['step_ms']:.2f}", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_title(f"{model} MLP: step time (ms, median), shorter is faster", fontsize=10)
+    kind = "" if model.startswith("GPT") else " MLP"
+    ax.set_title(f"{model}{kind}: step time (ms, median), shorter is faster", fontsize=10)
     ax.margins(x=0.15)
 
 

@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cli import Parser  # noqa: E402
 
 COLORS = {"F": "#4c8bd6", "B": "#f0a030", "W": "#5bb55b", "all-reduce": "#9a6fc4", "optimizer": "#9a6fc4"}
+LEGEND = [("forward", ["F"]), ("backward", ["B"]), ("weight grad", ["W"]),
+          ("all-reduce / optimizer", ["all-reduce", "optimizer"]), ("send / recv", ["wire"])]
 
 
 def load(path):
@@ -39,11 +41,13 @@ def main(argv=None):
     t0 = min(e["ts"] for e in spans)
     ranks = sorted(names)
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.4))
+    drawn = set()                        # the legend names only the kinds drawn
     for e in spans:
         row = ranks.index(e["pid"])
         start, width = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
         compute = re.fullmatch(r"([FBW])(\d+)(?::\d+)?", e["name"])
         kind = compute[1] if compute else e["name"]
+        drawn.add(kind if compute or kind in COLORS else "wire")
         if compute or kind in COLORS:
             ax.barh(row, width, left=start, height=0.8, color=COLORS[kind], edgecolor="black", linewidth=0.4)
             if compute:
@@ -54,9 +58,10 @@ def main(argv=None):
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(args.title or args.trace)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("#4c8bd6", "#f0a030", "#5bb55b", "#9a6fc4", "#bbbbbb")]
-    ax.legend(handles, ["forward", "backward", "weight grad", "all-reduce / optimizer", "send / recv"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8, frameon=False)
+    shown = [(label, COLORS.get(kinds[0], "#bbbbbb")) for label, kinds in LEGEND if drawn & set(kinds)]
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in shown], [label for label, _ in shown],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(shown), fontsize=8,
+              frameon=False)
     fig.tight_layout()
     fig.savefig(args.output, dpi=130)
     print(f"wrote {args.output}")

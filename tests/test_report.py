@@ -2,11 +2,12 @@
 import json
 import os
 import sys
+import textwrap
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from report import NOTES, chart, format_table, label, scaling, summarize  # noqa: E402
+from report import CPU_NOTE, NOTES, chart, format_table, label, scaling, summarize  # noqa: E402
 
 
 def row(rank, stage, step_ms, **extra):
@@ -16,13 +17,14 @@ def row(rank, stage, step_ms, **extra):
 
 
 def test_a_run_without_its_one_device_baseline_shows_a_dash_and_says_why():
+    """The table's main columns, within 100 characters a line; the rest are the CSV's."""
     lines = format_table(summarize([row(0, 0, 8.0, host_us={"F": 250}), row(1, 1, 9.0)])).splitlines()
-    assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "runs",
-                                "samples_per_s", "tokens_per_s", "mfu", "speedup", "efficiency",
-                                "pipeline_eff", "bound", "peak_mem_per_stage_GiB", "host_us_per_action"]
-    assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "1", "7111.11",
-                                "-", "-", "-", "-", "-", "0.80", "1.00", "1.00", "F", "250"]
-    assert lines[2:] == [NOTES["columns"], NOTES["-"], NOTES["host"]]
+    assert lines[0].split() == ["model", "layout", "impl", "schedule", "M", "step_ms", "speedup",
+                                "bound", "peak_GiB"]
+    assert lines[1].split() == ["8x1024", "b64", "2x1", "pipe", "1f1b", "4", "9.00", "-", "0.80",
+                                "1.00"]
+    assert "\n".join(lines[2:]) == "\n".join(textwrap.fill(NOTES[k], 100) for k in ("columns", "-"))
+    assert max(map(len, lines)) <= 100
 
 
 def test_the_gpt_row_shows_tokens_and_mfu():
@@ -102,3 +104,47 @@ def test_the_scaling_charts_bubble_bound_takes_each_layouts_own_micro_batches():
     assert list(bound.get_ydata()) == pytest.approx([one, one * 2 * 8 / 9, one * 4 * 16 / 19])
     assert bound.get_label() == "bubble bound, M = 8, 16"
     plt.close(fig)
+
+
+def test_on_cpu_the_chart_says_why_nothing_speeds_up_and_draws_no_bound(tmp_path, monkeypatch):
+    """CPU processes share the cores: the GPT's panel is step times, as the MLP's, with no
+    ideal or bubble-bound line to fall short of, and the figure says why."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    gpt = dict(model="gpt", context=64, hidden=64, layers=2, batch_size=16, device="CPU",
+               flops_per_step=2e9, schedule="1f1b")
+    rows = summarize([row(0, 0, 60.0, impl="builtin", stages=1, micro_batches=1, **gpt),
+                      row(0, 0, 90.0, micro_batches=8, **gpt), row(1, 1, 90.0, micro_batches=8, **gpt),
+                      row(0, 0, 5.0, device="CPU")])
+    drawn = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    chart(rows, str(tmp_path / "results.png"))
+    [fig] = drawn
+    assert fig._suptitle.get_text() == CPU_NOTE
+    assert all(not ax.get_lines() for ax in fig.axes)          # bars only: no line to fall
+    assert [ax.get_title() for ax in fig.axes] == [
+        "8x1024 b64 MLP: step time (ms, median), shorter is faster",
+        "GPT 2x64 T64 b16: step time (ms, median), shorter is faster"]
+
+
+def test_the_pipeline_picture_names_only_the_kinds_of_box_it_draws(tmp_path, monkeypatch):
+    """docs/draw_pipeline.py on a 1F1B trace (no W boxes): no "weight grad" in its legend."""
+    import importlib.util
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("draw_pipeline", os.path.join(root, "docs", "draw_pipeline.py"))
+    draw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(draw)
+    events = [{"ph": "M", "pid": 0, "args": {"name": "rank 0"}}] + [
+        {"ph": "X", "pid": 0, "name": name, "ts": 10 * i, "dur": 10}
+        for i, name in enumerate(["F0", "sF0", "rB0", "B0", "all-reduce"])]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    drawn = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    draw.main([str(tmp_path / "trace.json"), "-o", str(tmp_path / "p.png")])
+    [legend] = [ax.get_legend() for ax in drawn[0].axes]
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "forward", "backward", "all-reduce / optimizer", "send / recv"]
