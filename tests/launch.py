@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import mindspore as ms
+import psutil
 
 from pipe.config import PipelineConfig
 
@@ -88,7 +89,18 @@ class Job:
         shutil.rmtree(self.logs, ignore_errors=True)
 
     def kill(self):
+        """Every process of the job: mpiexec's group, and the ranks, which its proxy starts in
+        sessions of their own."""
+        try:
+            ranks = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            ranks = []
         os.killpg(self.proc.pid, 9)
+        for rank in ranks:
+            try:
+                rank.kill()
+            except psutil.Error:
+                pass
         self.proc.wait()
 
     @property

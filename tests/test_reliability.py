@@ -159,14 +159,17 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     process left; the checkpoint it names is whole."""
     from pipe.ops.checkpoint import latest
     job = start(2, *SMALL, "--stages", 2, "--steps", 100000, "--save", tmp_path, "--save-every", 1)
-    if after:
-        job.wait_for_line(0, after)
-    else:                                # as soon as both ranks handle it: MindSpore loading
-        deadline = time.monotonic() + 60
-        while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
-            assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
-    os.killpg(job.proc.pid, signal.SIGINT)
-    job.wait(timeout=60)
+    try:
+        if after:
+            job.wait_for_line(0, after)
+        else:                            # as soon as both ranks handle it: MindSpore loading
+            deadline = time.monotonic() + 60
+            while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
+                assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
+        os.killpg(job.proc.pid, signal.SIGINT)
+        job.wait(timeout=60)
+    finally:
+        job.stop()
     assert job.returncode == 130, job.stderr[-2000:]
     assert job.errs[1] == "" and "Traceback" not in job.stderr + job.stdout
     assert left_running(str(tmp_path)) == []
