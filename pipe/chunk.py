@@ -1,5 +1,5 @@
 """A chunk: one virtual stage's layers and the compiled cells the action handlers call:
-F (`forward_cell`), B (`backward_cell`), I and W (pipe.split_backward) and inference.
+F (`forward_cell`), B (`backward_cell`), I and W (pipe.split_backward), and F in eval mode.
 
 Layer i's forward keeps its input and its backward differentiates it there, unless one of
 `rules` (the features that change what a layer keeps: dropout, ReLU, fp16; each a module
@@ -7,9 +7,9 @@ with `forward_piece(chunk, i, piece)` and `backward_piece(chunk, i, grad)`) repl
 import mindspore as ms
 
 from pipe.compiled import Compiled
-from pipe.layers import (Backward, Buffers, Forward, Infer, KeepInput, KeepsBuffers, LayerGrad,
-                         arguments, buffers_of, gradient_positions, last_first, leaves,
-                         residual_indices)
+from pipe.layers import (Backward, Buffers, Forward, KeepInput, KeepsBuffers, LayerGrad,
+                         buffers_of, gradient_positions, last_first, leaves, residual_indices,
+                         variable)
 from pipe.split_backward import split_cells
 
 __all__ = ["Chunk"]
@@ -37,7 +37,7 @@ class Chunk:
         input_grad, weight_grad = split_cells(self)
         self.input_grad_cell, self.weight_grad_cell = map(self.backward, (input_grad, weight_grad))
         self.weight_inputs = weight_grad.inputs        # the residuals W reads
-        self.infer_cell = Compiled(Infer(self.layers))
+        self.eval_cell = Compiled(Forward(pieces))    # F in eval mode, called only so
         self.kept_buffers = Buffers(self.buffers)      # (the check before the first step's)
         self.masks = masks(self.layers, self.named)
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
@@ -82,6 +82,7 @@ class Chunk:
         return self.params + self.buffers
 
     def infer(self, x):
-        """Forward only, in eval mode, keeping nothing: the model's output on the last chunk."""
+        """F in eval mode (predict): the chunk's output, the model's on the last chunk; what
+        it would keep for a backward is dropped."""
         self.set_mode(False)
-        return self.infer_cell(*arguments(x))
+        return self.eval_cell(variable(x), self.no_labels, 1.0, self.masks.learn(x))[0]

@@ -11,7 +11,7 @@ from mindspore import nn, ops
 __all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight",
            "add_grads", "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
            "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
-           "Infer", "Buffers", "KeepsBuffers", "buffers_of"]
+           "Buffers", "KeepsBuffers", "buffers_of"]
 
 
 def is_plain_sequence(cell):
@@ -213,20 +213,6 @@ class Backward(nn.Cell):
             dy, out = layer_grad(residuals[layer_grad.residual], dy)
             given = out + given
         return dy, per_weight(given, self.positions)
-
-
-class Infer(nn.Cell):
-    """x -> the chunk's output, keeping nothing."""
-
-    def __init__(self, layers):
-        super().__init__(auto_prefix=False)
-        self.layers = nn.CellList(layers)
-
-    def construct(self, *x):   # a tuple as its elements (MindSpore takes a tuple for a constant)
-        x = x if len(x) > 1 else x[0]
-        for layer in self.layers:
-            x = layer(*arguments(x))
-        return x
 
 
 def buffers_of(layers):

@@ -38,16 +38,19 @@ def draws(config, batch, step):
 
 
 class KeepMask(nn.Cell):
-    """Dropout: (x, masks) -> (x * mask / keep_prob, (mask,)), with its own mask of `masks`."""
+    """Dropout: (x, masks) -> (x * mask / keep_prob, (mask,)), with its own mask of `masks`;
+    in eval mode (predict) x as it is."""
     residual_count = 1
 
     def __init__(self, dropout, index):
         super().__init__(auto_prefix=False)
-        self.index = index
+        self.dropout, self.index = dropout, index
         self.scale = 1.0 / dropout.dropout.keep_prob
 
     def construct(self, x, masks):
         mask = masks[self.index]
+        if not self.dropout.training:
+            return x, (mask,)
         return x * mask.astype(x.dtype) * self.scale, (mask,)
 
 
@@ -103,12 +106,12 @@ class Masks:
         return ms.mutable(masks) if masks else masks
 
     def _input_shapes(self, x):
-        shapes = []
+        shapes, modes = [], [layer.training for layer in self.layers]
         for layer in self.layers:
             layer.set_train(False)
         for layer in self.layers:
             shapes.append(getattr(x, "shape", None))    # (a tuple: no dropout takes it)
             x = layer(*arguments(x))
-        for layer in self.layers:
-            layer.set_train(True)
+        for layer, training in zip(self.layers, modes):
+            layer.set_train(training)
         return shapes
