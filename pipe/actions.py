@@ -81,7 +81,7 @@ class KeepResiduals(nn.Cell):
     """What F keeps for its backward pieces: the residuals and, on the model's last chunk,
     the loss gradient (pipe.features.recompute.Recompute keeps the input instead)."""
 
-    def kept(self, x, labels, masks, out, residuals, is_last):
+    def kept(self, x, labels, extras, out, residuals, is_last):
         return residuals, out[1] if is_last else None
 
     def restored(self, forward, kept, scale, is_last):
@@ -91,8 +91,8 @@ class KeepResiduals(nn.Cell):
 class Actions(nn.Cell):
     """The handlers of one rank's actions (`program`) over the chunks of `layout` and the
     messages of `p2p`; `compiled`: built to be traced (messages as operators, work ordered by
-    tokens). `data` is (inputs, labels, dropout masks per micro-batch and chunk, the loss
-    gradient's scale)."""
+    tokens). `data` is (inputs, labels, each micro-batch and chunk's extras for the forward
+    (what a feature adds to its input: dropout's masks), the loss gradient's scale)."""
 
     def __init__(self, layout, p2p, compiled):
         super().__init__(auto_prefix=False)
@@ -157,13 +157,13 @@ class Actions(nn.Cell):
     def forward(self, state, mb, c, takes, puts, data):
         """F: chunk c's forward of micro-batch mb on the batch's rows or on what arrived; its
         output handed on or, on the last chunk, its loss kept."""
-        inputs, labels, masks, scale = data
+        inputs, labels, extras, scale = data
         unit = mb * self.count + c               # this micro-batch on chunk c
         x = variable(self.order(self.arrived(state, inputs, mb, takes), state["done"]))
         y = labels[mb] if self.last[c] else self.no_labels
-        out, residuals = self.forwards[c](x, y, scale, masks[unit])
+        out, residuals = self.forwards[c](x, y, scale, extras[unit])
         state["done"] = self.order(state["done"], out)
-        state["kept"][unit] = self.keep.kept(x, y, masks[unit], out, residuals, self.last[c])
+        state["kept"][unit] = self.keep.kept(x, y, extras[unit], out, residuals, self.last[c])
         return self.hand_on(state, c, puts, out, out[0] if self.last[c] else None)
 
     def arrived(self, state, inputs, mb, takes):

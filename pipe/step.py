@@ -1,6 +1,6 @@
 """One rank's share of a training step, written once: run as Python (the loop) or compiled.
 
-    loss, grads, sent, count = step.run(rows, labels, masks, scale, counted)
+    loss, grads, sent, count = step.run(rows, labels, extras, scale, counted)
 
 `Step.construct` counts a (sum, count) loss's targets, cuts the rows into micro-batches and
 runs the rank's actions (pipe.actions) in the schedule's order. The loop calls it as plain
@@ -17,10 +17,11 @@ __all__ = ["Step"]
 
 
 class Step(nn.Cell):
-    """(this replica's rows, their labels, the dropout masks, the loss gradient's scale, the
-    global batch's labels for a (sum, count) loss or ()) -> (this rank's losses summed, its
-    weight gradients summed over the micro-batches, one flat tuple; a token set once its
-    messages are done; the global batch's count or ())."""
+    """(this replica's rows, their labels, each micro-batch and chunk's extras for the forward
+    (dropout's masks), the loss gradient's scale, the global batch's labels for a (sum,
+    count) loss or ()) -> (this rank's losses summed, its weight gradients summed over the
+    micro-batches, one flat tuple; a token set once its messages are done; the global
+    batch's count or ())."""
 
     def __init__(self, actions, counter, one_graph):
         super().__init__(auto_prefix=False)
@@ -33,11 +34,11 @@ class Step(nn.Cell):
     def run(self, *inputs):
         return self.graph(*inputs) if self.one_graph else self.construct(*inputs)
 
-    def construct(self, rows, labels, masks, scale, counted):
+    def construct(self, rows, labels, extras, scale, counted):
         count = ()
         if self.counter is not None:   # the global batch's count divides the scale first
             scale, count = self.counter(counted, scale)
-        data = (self.cut(rows), self.cut(labels), masks, scale)
+        data = (self.cut(rows), self.cut(labels), extras, scale)
         state = self.actions.run_all(self.actions.start(), data)
         return loss_sum(state["outputs"]), self.actions.summed(state), state["sent"], count
 
