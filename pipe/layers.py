@@ -8,10 +8,10 @@ forward inside its backward is dead code, which the compiler drops."""
 import mindspore as ms
 from mindspore import nn, ops
 
-__all__ = ["leaves", "is_plain_sequence", "is_norm", "gradient_positions", "per_weight",
-           "add_grads", "with_sums", "residual_indices", "last_first", "KeepInput", "LayerGrad",
-           "Differentiable", "has_bool", "arguments", "variable", "Forward", "Backward",
-           "Buffers", "KeepsBuffers", "buffers_of"]
+__all__ = ["leaves", "is_plain_sequence", "Sequential", "is_norm", "gradient_positions",
+           "per_weight", "add_grads", "with_sums", "residual_indices", "last_first", "KeepInput",
+           "LayerGrad", "Differentiable", "has_bool", "arguments", "variable", "Forward",
+           "Backward", "Buffers", "KeepsBuffers", "buffers_of"]
 
 
 def is_plain_sequence(cell):
@@ -31,6 +31,24 @@ def leaves(cells):
 def arguments(x):
     """A layer's arguments: a tuple's elements (DeepSpeed's convention), or the one tensor."""
     return x if isinstance(x, tuple) else (x,)
+
+
+class Sequential(nn.SequentialCell):
+    """The unsplit model of layers that hand tuples on, what one process trains: as in
+    DeepSpeed, a tuple output is the next layer's arguments, and a plain nn.SequentialCell
+    layer is chained piece by piece (`leaves`), so the model pipe splits and the one a
+    process runs are one function, with nn.SequentialCell's names."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        # A tuple, not a CellList: the pieces are not registered again, so they keep
+        # the names nn.SequentialCell gave them.
+        self.pieces = tuple(leaves(list(self.cell_list)))
+
+    def construct(self, x):
+        for layer in self.pieces:
+            x = layer(*arguments(x))
+        return x
 
 
 def no_bool_gradient(values):   # a bool (a mask): no gradient, as autograd has no bool Add

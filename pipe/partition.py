@@ -7,8 +7,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.features.sequential import Sequential
-from pipe.layers import is_plain_sequence, leaves
+from pipe.layers import Sequential, is_plain_sequence, leaves
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
            "timed_costs", "whole_model_names"]

@@ -14,7 +14,7 @@ from launch import loop_config
 from mindspore import nn, ops
 
 from pipe.engine import PipelineEngine
-from pipe.features.sequential import Sequential
+from pipe.layers import Sequential
 from pipe.ops.deadlines import DeadlineWire
 from pipe.wire import elements
 
@@ -77,7 +77,7 @@ class Head(nn.Cell):
 
 
 def build_model(seed, guarded=False):
-    """The model (pipe.features.sequential.Sequential: a tuple is the next layer's arguments), for
+    """The model (pipe.layers.Sequential: a tuple is the next layer's arguments), for
     pipe to split, or `guarded`, for one process to differentiate whole."""
     ms.set_seed(seed)
     layers = [nn.Dense(4, WIDTH), Fan(), Mix(), Head()]

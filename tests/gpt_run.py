@@ -4,7 +4,7 @@ Between its stages travels a tuple (hidden states and an int32 padding mask, whi
 gradient); the batches come in two sequence lengths (16, 8, then 16 again); the loss is
 (sum, count) over the real targets, which differ in number between micro-batches; the head
 uses the input embedding's table (under ZB-V, two chunks of one rank hold it). `plain_run`
-is MindSpore's own TrainOneStepCell over the unsplit model (pipe.features.sequential) and the
+is MindSpore's own TrainOneStepCell over the unsplit model (pipe.layers.Sequential) and the
 batch's token mean.
 """
 import mindspore as ms

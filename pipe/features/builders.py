@@ -17,8 +17,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.features.sequential import Sequential
-from pipe.layers import leaves
+from pipe.layers import Sequential, leaves
 from pipe.partition import check_layer
 
 __all__ = ["LayerBuilders", "Tied", "layer_seed"]
@@ -108,7 +107,7 @@ class LayerBuilders:
                 yield (f"{i}.{name}" if name else str(i)), cell
 
     def whole(self):
-        """Every layer built, as the model one process would train (pipe.features.sequential)."""
+        """Every layer built, as the model one process would train (pipe.layers.Sequential)."""
         return Sequential([self[i] for i in range(len(self))])
 
 
