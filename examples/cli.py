@@ -178,8 +178,9 @@ def _stop(signum=None, frame=None):
         PROGRESS.interrupted = True
         return
     if launch_rank() == 0:
-        saved = (f"the last checkpoint saved is {PROGRESS.saved} (--resume continues from it)"
-                 if PROGRESS.saved else "no checkpoint saved")
+        saved = (f"the last checkpoint saved is {PROGRESS.saved} (--resume "
+                 f"{os.path.dirname(PROGRESS.saved)} continues from it)" if PROGRESS.saved
+                 else "no checkpoint saved")
         print(f"interrupted {PROGRESS.at}; {saved}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -179,7 +179,7 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     where, meta = latest(str(tmp_path))  # (a Ctrl-C while saving waits for the checkpoint)
     stopped = [f"during step {meta['step'] + 1}", f"after step {meta['step']}"]
     assert job.errs[0] in [f"interrupted {at} of 100000; the last checkpoint saved is {where} "
-                           "(--resume continues from it)\n" for at in stopped]
+                           f"(--resume {tmp_path} continues from it)\n" for at in stopped]
 
 
 @pytest.fixture(scope="module")
