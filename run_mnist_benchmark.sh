@@ -85,6 +85,15 @@ fi
 OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs"
 RESULTS=$OUT/results.jsonl
+exec 3>&2                # (the trap may run inside a launch's redirection: it writes to 3)
+interrupted() {  # Ctrl-C reaches every launch too (one process group): one line, exit code 130
+  trap '' INT TERM
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  echo "interrupted after $DONE of $TOTAL launches started; what ended is in $RESULTS" >&3
+  exit 130
+}
+trap interrupted INT TERM
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 if [ "$DEVICE" = CPU ]; then
   echo "(CPU: the $DEVICES processes share this machine's cores, so a pipeline cannot run faster here;"
@@ -130,7 +139,7 @@ job() {  # job N WHAT CMD...: CMD on N devices; in a batch (side by side), in th
   gpus=$(for i in $(seq 0 $((n - 1))); do echo $(( (GPU_AT + i) % DEVICES )); done | paste -sd, -)
   GPU_AT=$(( (GPU_AT + n) % DEVICES )) TURN=$((TURN + 1))
   echo "$what" > "$TURNS/what-$turn"
-  ( export CUDA_VISIBLE_DEVICES=$gpus
+  ( trap 'exit 130' INT TERM; export CUDA_VISIBLE_DEVICES=$gpus
     finished "$what" "$@" --turns "$TURNS" --turn "$turn" --of "${IN_BATCH[$BATCH]}"
     touch "$TURNS/ready-$turn" "$TURNS/$turn" "$TURNS/ended-$turn" ) &   # (one that never
 }                                                                        # started: the next goes)

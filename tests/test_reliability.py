@@ -5,13 +5,15 @@ it is (a shape check, a deadline naming the lost rank), whatever the machine's l
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import numpy as np
 import psutil
 import pytest
-from launch import LOOP_FLAGS, TRAIN, Job, load, load_example, run_check, run_example, run_many
+from launch import (ENV, LOOP_FLAGS, ROOT, TRAIN, Job, load, load_example, run_check, run_example,
+                    run_many)
 
 SMALL = ["--data", "synthetic", "--layers", "3", "--hidden", "32", "--batch-size", "16",
          "--log-every", "1", "--seed", "5"]
@@ -180,6 +182,30 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     stopped = [f"during step {meta['step'] + 1}", f"after step {meta['step']}"]
     assert job.errs[0] in [f"interrupted {at} of 100000; the last checkpoint saved is {where} "
                            f"(--resume {tmp_path} continues from it)\n" for at in stopped]
+
+
+def test_ctrl_c_stops_the_benchmark_in_one_line(tmp_path):
+    """./run_mnist_benchmark.sh, Ctrl-C once its first launch has started: the launches end
+    with it, and it says in one line what it had done; exit code 130."""
+    out = open(tmp_path / "out", "w")
+    bench = subprocess.Popen(["./run_mnist_benchmark.sh", "--model", "small", "--layout", "2x1",
+                              "--schedule", "1f1b", "--out", str(tmp_path / "run")], cwd=ROOT,
+                             stdout=out, stderr=subprocess.STDOUT, text=True, env=ENV,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "[1/" not in (tmp_path / "out").read_text():
+            assert bench.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        os.killpg(bench.pid, signal.SIGINT)
+        assert bench.wait(timeout=60) == 130
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+    said = (tmp_path / "out").read_text().splitlines()
+    assert said[-1] == f"interrupted after 1 of 2 launches started; what ended is in " \
+                       f"{tmp_path / 'run' / 'results.jsonl'}", said     # (pipe's, then the built-in's)
+    assert left_running(str(tmp_path)) == []
 
 
 @pytest.fixture(scope="module")
