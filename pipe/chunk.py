@@ -37,7 +37,7 @@ class Chunk:
         input_grad, weight_grad = split_cells(self)
         self.input_grad_cell, self.weight_grad_cell = map(self.backward, (input_grad, weight_grad))
         self.weight_inputs = weight_grad.inputs        # the residuals W reads
-        self.eval_cell = Compiled(Forward(pieces))    # F in eval mode, called only so
+        self.eval_cell = Compiled(Forward(pieces))    # F again, compiled for eval mode only
         self.kept_buffers = Buffers(self.buffers)      # (the check before the first step's)
         self.masks = masks(self.layers, self.named)
         self.no_labels = ms.Tensor(0, ms.int32)        # what a chunk without the loss is given
