@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import fields
 
@@ -161,6 +162,7 @@ class Progress:
 
 
 PROGRESS = Progress()
+SAVE_GRACE = 10.0                        # seconds a Ctrl-C waits for a checkpoint being written
 
 
 def stop_on_ctrl_c():
@@ -174,9 +176,16 @@ def stop_on_ctrl_c():
 
 
 def _stop(signum=None, frame=None):
-    if PROGRESS.saving:
-        PROGRESS.interrupted = True
+    if PROGRESS.saving:                  # the checkpoint first, unless a peer that was not
+        PROGRESS.interrupted = True      # saving yet has already stopped: its save waits
+        quit_later = threading.Timer(SAVE_GRACE, _quit)
+        quit_later.daemon = True
+        quit_later.start()
         return
+    _quit()
+
+
+def _quit():
     if launch_rank() == 0:
         saved = (f"the last checkpoint saved is {PROGRESS.saved} (--resume "
                  f"{os.path.dirname(PROGRESS.saved)} continues from it)" if PROGRESS.saved
@@ -197,4 +206,4 @@ def saving(where):
         PROGRESS.saving = False
     PROGRESS.saved = where
     if PROGRESS.interrupted:
-        _stop()
+        _quit()
