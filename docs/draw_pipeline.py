@@ -46,9 +46,9 @@ def main(argv=None):
         row = ranks.index(e["pid"])
         start, width = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
         compute = re.fullmatch(r"([FBW])(\d+)(?::\d+)?", e["name"])
-        kind = compute[1] if compute else e["name"]
-        drawn.add(kind if compute or kind in COLORS else "wire")
-        if compute or kind in COLORS:
+        kind = compute[1] if compute else e["name"] if e["name"] in COLORS else "wire"
+        drawn.add(kind)
+        if kind != "wire":
             ax.barh(row, width, left=start, height=0.8, color=COLORS[kind], edgecolor="black", linewidth=0.4)
             if compute:
                 ax.text(start + width / 2, row, compute[2], ha="center", va="center", fontsize=7)

@@ -6,7 +6,6 @@ import shutil
 import signal
 import sys
 import threading
-from contextlib import contextmanager
 from dataclasses import fields
 
 from pipe.config import PipelineConfig, as_flags
@@ -16,7 +15,7 @@ from pipe.schedules import SCHEDULES
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
            "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
            "run", "precision_name", "report", "launch_rank", "PROGRESS", "stop_on_ctrl_c",
-           "saving"]
+           "save"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -169,7 +168,7 @@ def stop_on_ctrl_c():
     """From now on Ctrl-C, which a terminal sends to every process of the job, stops each
     rank at once with exit code 130 (as shells report Ctrl-C), rank 0 saying in one line
     where the run was and what it saved; no traceback, no teardown. A checkpoint being
-    written is finished first (`saving`). SIGTERM too: inside a compiled call MindSpore
+    written is finished first (`save`). SIGTERM too: inside a compiled call MindSpore
     turns Ctrl-C into it."""
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
@@ -196,12 +195,12 @@ def _quit():
     os._exit(130)                        # (not exit: MindSpore's threads would be torn down)
 
 
-@contextmanager
-def saving(where):
-    """Writing the checkpoint `where`: a Ctrl-C meanwhile stops the run once it is sealed."""
+def save(engine, directory, step, meta=None):
+    """`engine.save`: a Ctrl-C meanwhile stops the run once the checkpoint is sealed (waiting
+    at most SAVE_GRACE seconds), and names it as the last one saved."""
     PROGRESS.saving = True
     try:
-        yield
+        where = engine.save(directory, step, meta)
     finally:
         PROGRESS.saving = False
     PROGRESS.saved = where

@@ -1,5 +1,5 @@
-"""pipe's command line: print a schedule as its table, simulate it, check its messages;
-or compare every schedule for one P, M and set of costs.
+"""Print a schedule as its table, simulate it, check its messages; or compare every
+schedule for one P, M and set of costs.
 
     python examples/show_schedule.py --schedule zb-h1 --stages 4 --micro-batches 8
     python examples/show_schedule.py --schedule all --stages 4 --micro-batches 8 --cost 1 1 1

@@ -273,13 +273,15 @@ class PipelineEngine:
     def save(self, directory, step, meta=None):
         """Checkpoint after `step` steps (pipe.ops.checkpoint): replica 0 writes each
         stage's parameters and optimizer state, rank 0 merges and seals it; `meta` is the
-        caller's (seed, data position)."""
-        checkpoint.save_rank(checkpoint.step_dir(directory, step), self.layout, self.optimizer)
+        caller's (seed, data position). Returns the step's folder."""
+        where = checkpoint.step_dir(directory, step)
+        checkpoint.save_rank(where, self.layout, self.optimizer)
         self.barrier()
         if self.wire.rank == 0:
             scale = self.scaler.state() if self.scaler else {}
             checkpoint.finish(directory, step, {**self.layout.describe(), **scale, **(meta or {})})
         self.barrier()
+        return where
 
     def resume(self, directory):
         """Load the newest verified checkpoint in `directory`, saved with any layout;

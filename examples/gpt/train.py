@@ -17,7 +17,7 @@ os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own module
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
 from cli import (PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                 add_precision_flag, add_speed_flags, config_from, positive_int, run, saving,
+                 add_precision_flag, add_speed_flags, config_from, positive_int, run, save,
                  stop_on_ctrl_c, use_device)
 
 
@@ -53,7 +53,6 @@ from mindspore import nn  # noqa: E402
 
 import model  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.ops.checkpoint import step_dir  # noqa: E402
 
 
 def generate(engine, prompts, length, rng):
@@ -100,8 +99,7 @@ def train(args, wire=None):
             last = now
     say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
-        with saving(step_dir(args.save, args.steps)):
-            engine.save(args.save, args.steps)
+        save(engine, args.save, args.steps)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
     if args.sample:
         prompts = [b"The ", b"A list ", b"Return ", b"If the "][:args.micro_batches]

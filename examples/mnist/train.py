@@ -17,7 +17,7 @@ os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
 from cli import (PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                 add_precision_flag, add_speed_flags, config_from, positive_int, report, saving,
+                 add_precision_flag, add_speed_flags, config_from, positive_int, report, save,
                  stop_on_ctrl_c, use_device)
 
 
@@ -167,8 +167,7 @@ def train(args, wire=None):
         if step % args.log_every == 0 or step == args.steps:
             say(f"step {step:5d}  loss {loss:.6f}")
         if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
-            with saving(step_dir(args.save, step)):
-                engine.save(args.save, step, checkpoint_meta)
+            save(engine, args.save, step, checkpoint_meta)
 
     if not engine.modes.one_graph:             # (inside one graph, MindSpore holds them)
         say(f"peak activation memory held by rank 0: {engine.peak_bytes / 2**20:.2f} MiB")
@@ -182,8 +181,7 @@ def train(args, wire=None):
         say(f"held-out accuracy {accuracy:.4f} on {usable} samples")
 
     if args.save:
-        with saving(step_dir(args.save, max(start, args.steps))):
-            engine.save(args.save, max(start, args.steps), checkpoint_meta)
+        save(engine, args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
     return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": engine.peak_bytes, "engine": engine,
             "data": source, "samples": [len(train_x), len(test_x)]}
