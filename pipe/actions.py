@@ -8,7 +8,7 @@ compiles the same lines once per batch shape (the program is constants) with mes
 in-graph operators. `state` is a dict (MindSpore's graphs update a dict in place, not a
 tuple's fields): `flight`, the tensors between chunks by wire tag; `kept` and
 `waiting`, what a backward piece and W read; `grads`, each chunk's sums; `outputs`, the
-losses; `sent` and `done`, tokens that order the work in a graph."""
+losses; `done`, the token that keeps a graph's work in the list's order."""
 from dataclasses import replace
 
 import mindspore as ms
@@ -114,8 +114,9 @@ class Actions(nn.Cell):
         messages = [Message(p2p, a, compiled) for a in actions if not a.is_compute]
         self.messages = nn.CellList(messages, auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
-        # In a graph, tokens keep the list's order: its messages', and its F and B interleaved,
-        # which bounds the memory; one micro-batch with no message has nothing to order.
+        # In a graph, one token runs every action after the one before: the list's order, which
+        # cannot deadlock (messages ordered apart from the compute let the stages wait on each
+        # other: docs/performance.md). One micro-batch with no message has nothing to order.
         ordered = compiled and (len(self.messages) > 0 or self.micro_batches > 1)
         self.order = ops.depend if ordered else first
         self.token = ms.Tensor(0.0, ms.float32)
@@ -125,7 +126,7 @@ class Actions(nn.Cell):
         whose bytes it counts (pipe.ops.memory)."""
         return {"flight": {}, "kept": {} if kept is None else kept,
                 "waiting": {} if waiting is None else waiting, "grads": {}, "outputs": (),
-                "sent": self.token, "done": self.token}
+                "done": self.token}
 
     def run(self, state, step, data):
         """One action of `program` (encoded) on `state`; returns the state."""
@@ -220,12 +221,12 @@ class Actions(nn.Cell):
 
     # ---- messages ---------------------------------------------------------------------
     def send(self, state, index, key):
-        state["sent"] = self.messages[index].send(take(state["flight"], key), state["sent"])
+        state["done"] = self.messages[index].send(take(state["flight"], key), state["done"])
         return state
 
     def recv(self, state, index, key):
-        state["flight"][key] = self.messages[index].recv(state["sent"])
-        state["sent"] = self.order(state["sent"], state["flight"][key])
+        state["flight"][key] = self.messages[index].recv(state["done"])
+        state["done"] = self.order(state["done"], state["flight"][key])
         return state
 
 

@@ -141,9 +141,9 @@ class PipelineEngine:
             losses, grads, _, count = step.run(*inputs)
         else:
             with self.watch.at("the step's compiled graph"), self.span("step graph"):
-                losses, grads, sent, count = step.run(*inputs)
+                losses, grads, done, count = step.run(*inputs)
                 if step.sends:           # waits inside the watch: a failed message is this step's
-                    sent.asnumpy()
+                    done.asnumpy()
         return losses, grads, count if step.counter is not None else None
 
     def step_inputs(self, batch, built, masks):

@@ -1,20 +1,18 @@
 """How a step runs, decided once when the engine is built: as one compiled graph or action by
 action (the loop), and each weight gradient per micro-batch or once at the end of the step.
 
-Both are speed and memory, never the model trained. A config field left None is decided by
-the rules below, from the config and the model's layers, the same on every rank."""
+Both are speed and memory, never the model trained. A config field left None is pipe's:
+one graph (one call per step; the loop is for tracing and watching each action), and W
+deferred by the rule below, from the config and the model's layers, the same on every rank."""
 from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-__all__ = ["Modes", "decide", "facts_of", "SMALL_STAGE", "MANY_LAYERS"]
+__all__ = ["Modes", "decide", "facts_of", "ONE_CALL"]
 
-SMALL_STAGE = 10_000_000   # parameters: a stage below it computes too little per action to
-                           # hide the host's cost per call
-MANY_LAYERS = 32           # layers: a stage above it issues so many kernels per action that
-                           # the host issuing them one action at a time bounds the loop
+ONE_CALL = "one call per step instead of one per action"
 
 
 @dataclass(frozen=True)
@@ -33,27 +31,24 @@ class Modes:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules read of the model, the largest over every rank's stage."""
+    """What the rules read of the model, over every rank's stage."""
     buffers: bool          # a layer holds buffers (batch norm)
     composite: bool        # a layer with weights is not an nn.Dense
-    parameters: int        # a stage's parameters
-    layers: int            # a stage's layers
 
 
 def facts_of(wire, chunks):
-    """This rank's Facts, made the largest of every rank's with one all-reduce (a model
-    given as layer builders holds its layers on its own rank only)."""
+    """This rank's Facts, made every rank's with one all-reduce (a model given as layer
+    builders holds its layers on its own rank only)."""
     layers = [layer for chunk in chunks for layer in chunk.layers]
-    mine = np.array([any(chunk.buffers for chunk in chunks), any(map(is_composite, layers)),
-                     sum(p.size for chunk in chunks for p in chunk.params), len(layers)],
-                    np.float64)
+    mine = np.array([any(chunk.buffers for chunk in chunks), any(map(is_composite, layers))],
+                    np.float32)
     slots = np.zeros((wire.size, len(mine)), np.float32)
     slots[wire.rank] = mine
     if wire.size > 1:
         ranks = tuple(range(wire.size))
         slots = wire.all_reduce(ms.Tensor(slots.reshape(-1)), ranks).asnumpy().reshape(slots.shape)
     most = slots.max(0)
-    return Facts(bool(most[0]), bool(most[1]), int(most[2]), int(most[3]))
+    return Facts(bool(most[0]), bool(most[1]))
 
 
 def is_composite(layer):
@@ -64,10 +59,9 @@ def is_composite(layer):
 def decide(config, facts):
     """The config's modes, and for each it leaves None pipe's rule, with its reason."""
     defer, why_defer = defer_rule(config, facts)
-    graph, why_graph = graph_rule(config, facts)
-    why = ([why_graph] if config.one_graph is None else []) + \
+    why = ([ONE_CALL] if config.one_graph is None else []) + \
         ([why_defer] if config.defer_wgrad is None else [])
-    return Modes(graph if config.one_graph is None else config.one_graph,
+    return Modes(True if config.one_graph is None else config.one_graph,
                  defer if config.defer_wgrad is None else config.defer_wgrad, tuple(why))
 
 
@@ -80,15 +74,3 @@ def defer_rule(config, facts):
         return False, ("a layer with weights is not an nn.Dense: one product over all rows "
                        "gains on plain products only")
     return True, "one product per layer over every micro-batch's rows"
-
-
-def graph_rule(config, facts):
-    if config.precision == "fp16":
-        return True, "fp16: the weights are cast once per step, not once per action"
-    if config.stages == 1 or config.device == "CPU":
-        return True, "one call per step instead of one per action"
-    if facts.parameters < SMALL_STAGE:
-        return True, "small stages: the host's cost per action would dominate"
-    if facts.layers > MANY_LAYERS:
-        return True, "many layers per stage: issuing them action by action bounds the host"
-    return False, "large fp32 actions between GPUs: each hides the host's cost per call"

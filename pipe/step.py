@@ -1,13 +1,14 @@
 """One rank's share of a training step, written once: run as Python (the loop) or compiled.
 
-    loss, grads, sent, count = step.run(rows, labels, extras, scale, counted)
+    loss, grads, done, count = step.run(rows, labels, extras, scale, counted)
 
 `Step.construct` counts a (sum, count) loss's targets, cuts the rows into micro-batches and
 runs the rank's actions (pipe.actions) in the schedule's order. The loop calls it as plain
 Python, each handler one compiled call; one graph compiles this same function once per batch
-shape, each message an in-graph operator ordered by a token (the list's order cannot
-deadlock, so the graph cannot). What follows the actions (the sum over replicas, unscale,
-tied copies, clip, update) is `PipelineEngine.update_weights`, after either."""
+shape, each message an in-graph operator, every action ordered after the one before by a
+token (the list's order cannot deadlock, so the graph cannot). What follows the actions
+(the sum over replicas, unscale, tied copies, clip, update) is
+`PipelineEngine.update_weights`, after either."""
 from mindspore import nn, ops
 
 from pipe.compiled import executor
@@ -20,7 +21,7 @@ class Step(nn.Cell):
     """(this replica's rows, their labels, each micro-batch and chunk's extras for the forward
     (dropout's masks), the loss gradient's scale, the global batch's labels for a (sum,
     count) loss or ()) -> (this rank's losses summed, its weight gradients summed over the
-    micro-batches, one flat tuple; a token set once its messages are done; the global
+    micro-batches, one flat tuple; a token set once every action is done; the global
     batch's count or ())."""
 
     def __init__(self, actions, counter, one_graph):
@@ -40,7 +41,7 @@ class Step(nn.Cell):
             scale, count = self.counter(counted, scale)
         data = (self.cut(rows), self.cut(labels), extras, scale)
         state = self.actions.run_all(self.actions.start(), data)
-        return loss_sum(state["outputs"]), self.actions.summed(state), state["sent"], count
+        return loss_sum(state["outputs"]), self.actions.summed(state), state["done"], count
 
     def prepare(self, *inputs):
         """Compile the graph for these inputs without running it (what a `jit` call does first)."""

@@ -11,12 +11,11 @@ from test_transparency import SEED, assert_same_weights, spec
 
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
-from pipe.modes import MANY_LAYERS, SMALL_STAGE, Facts, Modes, decide, is_composite
+from pipe.modes import ONE_CALL, Facts, Modes, decide, is_composite
 from pipe.schedules import EVERY
 
-ONE_CALL = "one call per step instead of one per action"
 DEFERRED = "one product per layer over every micro-batch's rows"
-DENSE = Facts(buffers=False, composite=False, parameters=SMALL_STAGE, layers=8)
+DENSE = Facts(buffers=False, composite=False)
 
 
 @pytest.mark.parametrize("config,facts,defer,why", [
@@ -35,23 +34,21 @@ def test_w_is_deferred_on_plain_products_unless_memory_is_short_or_batch_norm(
     assert (modes.defer_wgrad, modes.why) == (defer, (why,))
 
 
-@pytest.mark.parametrize("config,facts,graph,why", [
-    (dict(device="GPU", stages=2, precision="fp16"), {}, True,
-     "fp16: the weights are cast once per step, not once per action"),
-    (dict(device="GPU"), {}, True, ONE_CALL),
-    (dict(stages=2), {}, True, ONE_CALL),
-    (dict(device="GPU", stages=2), dict(parameters=SMALL_STAGE - 1), True,
-     "small stages: the host's cost per action would dominate"),
-    (dict(device="GPU", stages=2), dict(layers=MANY_LAYERS + 1), True,
-     "many layers per stage: issuing them action by action bounds the host"),
-    (dict(device="GPU", stages=4), {}, False,
-     "large fp32 actions between GPUs: each hides the host's cost per call"),
+@pytest.mark.parametrize("config,facts", [
+    (dict(device="GPU", stages=4), {}),
+    (dict(device="GPU", stages=2, precision="fp16"), dict(composite=True)),
+    (dict(stages=2), dict(buffers=True)),
+    (dict(), {}),
 ])
-def test_one_graph_unless_large_fp32_actions_run_between_gpus(config, facts, graph, why):
+def test_one_graph_whatever_the_model_and_the_gpus_unless_the_config_asks_for_the_loop(
+        config, facts):
     """By speed alone: the loop and the graph run one step function, so every feature runs
-    in both."""
-    modes = decide(PipelineConfig(defer_wgrad=True, **config), Facts(**{**vars(DENSE), **facts}))
-    assert (modes.one_graph, modes.why) == (graph, (why,))
+    in both; the config's choice is kept, and nothing said of it."""
+    decided = Facts(**{**vars(DENSE), **facts})
+    modes = decide(PipelineConfig(defer_wgrad=True, **config), decided)
+    assert (modes.one_graph, modes.why) == (True, (ONE_CALL,))
+    modes = decide(PipelineConfig(defer_wgrad=True, one_graph=False, **config), decided)
+    assert (modes.one_graph, modes.why) == (False, ())
 
 
 def test_the_modes_read_in_plain_words():
