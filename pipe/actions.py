@@ -115,8 +115,9 @@ class Actions(nn.Cell):
         self.messages = nn.CellList(messages, auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
         # In a graph, one token runs every action after the one before: the list's order, which
-        # cannot deadlock (messages ordered apart from the compute let the stages wait on each
-        # other: docs/performance.md). One micro-batch with no message has nothing to order.
+        # cannot deadlock and bounds the memory (ordered apart from the compute, the messages
+        # ran slower between GPUs than the loop: docs/performance.md). One micro-batch with
+        # no message has nothing to order.
         ordered = compiled and (len(self.messages) > 0 or self.micro_batches > 1)
         self.order = ops.depend if ordered else first
         self.token = ms.Tensor(0.0, ms.float32)
