@@ -18,27 +18,14 @@ import resource
 import sys
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from mindspore import nn  # noqa: E402
-from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))   # the example's model
-from builtin_pipeline import builtin_train_step, mixed_precision_step, set_parallel_context  # noqa: E402
-from timing import add_turn_flags, host_costs, median_windows, turn  # noqa: E402
-from train import build_model  # noqa: E402
-
-from pipe.config import PipelineConfig  # noqa: E402
-from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.features.precision import set_matmul_precision  # noqa: E402
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+sys.path.insert(0, os.path.join(ROOT, "examples", "mnist"))   # the example's model
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                          add_speed_flags, positive_int, precision_name, use_device)
-from pipe.ops.trace import Tracer, merge_traces  # noqa: E402
-from pipe.partition import stage_bounds  # noqa: E402
+                 add_speed_flags, positive_int, precision_name, use_device)
+from timing import add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,6 +56,23 @@ def parse_args(argv=None):
     add_memory_plan_flag(p)
     add_turn_flags(p)
     return p.parse_args(argv)
+
+
+if __name__ == "__main__":   # the flags answered before MindSpore loads (seconds)
+    ARGS = parse_args()
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
+from mindspore.common.initializer import HeUniform, initializer  # noqa: E402
+
+from builtin_pipeline import builtin_train_step, mixed_precision_step, set_parallel_context  # noqa: E402
+from train import build_model  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.features.precision import set_matmul_precision  # noqa: E402
+from pipe.ops.trace import Tracer, merge_traces  # noqa: E402
+from pipe.partition import stage_bounds  # noqa: E402
 
 
 class Float32Loss(nn.Cell):
@@ -168,8 +172,7 @@ def pipe_run(args, device, schedule, wire, x, y):
     return engine, windows, host
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     with turn(args) as args.wait:        # (timed when this process's turn comes: timing.turn)
         run(args)
 
@@ -220,4 +223,4 @@ def run(args):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(lambda: main(ARGS))

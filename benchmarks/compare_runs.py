@@ -8,7 +8,6 @@ import os
 import re
 import sys
 
-import mindspore as ms
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -21,6 +20,7 @@ def losses(log):
 
 
 def main(ckpt_a, log_a, ckpt_b, log_b):
+    import mindspore as ms               # (loaded after the flags: a bad one is answered at once)
     a, b = ms.load_checkpoint(ckpt_a), ms.load_checkpoint(ckpt_b)
     assert sorted(a) == sorted(b), f"different parameters: {sorted(a)} vs {sorted(b)}"
     worst = max(float(np.max(np.abs(a[k].asnumpy() - b[k].asnumpy()) / (np.abs(a[k].asnumpy()) + 1e-6)))

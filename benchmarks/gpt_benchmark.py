@@ -23,26 +23,15 @@ import sys
 import time
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from mindspore import nn, ops  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
-import model as gpt  # noqa: E402  (the example's own module)
-from benchmark import peak_memory, set_tf32  # noqa: E402
-from timing import add_turn_flags, median_windows, turn  # noqa: E402
-
-from pipe.config import PipelineConfig  # noqa: E402
-from pipe.engine import PipelineEngine  # noqa: E402
-from pipe.features.builders import LayerBuilders  # noqa: E402
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                          add_speed_flags, positive_int, precision_name, use_device)
-from pipe.ops.trace import Tracer  # noqa: E402
+                 add_speed_flags, positive_int, precision_name, use_device)
+from timing import add_turn_flags, median_windows, turn  # noqa: E402
+
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
 
 
@@ -88,6 +77,21 @@ def parse_args(argv=None):
         p.error(f"--batch-size {args.batch_size} cannot be split into --micro-batches {m}: it must "
                 f"be a multiple of {m}; try --batch-size {max(m, args.batch_size // m * m)}")
     return args
+
+
+if __name__ == "__main__":   # the flags answered before MindSpore loads (seconds)
+    ARGS = parse_args()
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+
+import model as gpt  # noqa: E402  (the example's own module)
+from benchmark import peak_memory, set_tf32  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
+from pipe.engine import PipelineEngine  # noqa: E402
+from pipe.features.builders import LayerBuilders  # noqa: E402
+from pipe.ops.trace import Tracer  # noqa: E402
 
 
 def data(args):
@@ -287,8 +291,7 @@ def count_params(params):
     return int(sum(p.size for p in params))
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     with turn(args) as wait:
         run(args, wait)
 
@@ -331,4 +334,4 @@ def run(args, wait):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(lambda: main(ARGS))

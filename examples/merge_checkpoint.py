@@ -7,13 +7,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/cli.py
 from cli import Parser  # noqa: E402
 
-from pipe.ops.checkpoint import CheckpointError, merge  # noqa: E402
-
 
 def main(argv=None):
     parser = Parser(prog="python examples/merge_checkpoint.py", description=__doc__.split("\n")[0])
     parser.add_argument("directory")
     args = parser.parse_args(argv)
+    from pipe.ops.checkpoint import CheckpointError, merge   # (MindSpore loads after the flags)
     try:
         print(f"wrote {merge(args.directory)}")
     except CheckpointError as e:        # one line naming the value and the fix, exit code 2
