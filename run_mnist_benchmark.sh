@@ -20,7 +20,7 @@
 #          --tf32 (GPU: float32 products in TF32, pipe's and MindSpore's alike)
 #          --steps N (per window; default 10, the GPT's 5)  --repeats R (windows; the table
 #                                            shows the median)
-#          --devices N  --out DIR  --trace (record a Chrome trace per pipe run)
+#          --devices N  --out DIR  --trace (record a Chrome trace per run of the loop)
 #          --gpt-batch 64|256 (GPUs: the GPT's global batch; 64 in 4P micro-batches, or 256 in
 #                              16 of 16 on every layout, which one GPU of 120 GiB or more
 #                              trains by accumulating them, torch whole)
@@ -369,9 +369,10 @@ sweep() {  # every wanted run (--all), in order
         schedules="$schedules,$schedule"
       done
       extra=""; [ $TRACE = 1 ] && extra="--trace $OUT/trace-$model-${P}x${D}"
-      for impl in $PIPES; do
+      for impl in $PIPES; do   # (a trace records the loop's actions: one graph is one call)
         [ -n "$schedules" ] && launch $n "$impl ${P}x${D} M=$M: ${schedules#,}" $SIZE --stages $P \
-          --data-parallel $D --schedule "${schedules#,}" --micro-batches $M $extra $(flags_of $impl)
+          --data-parallel $D --schedule "${schedules#,}" --micro-batches $M \
+          $([ $impl = pipe ] && echo $extra) $(flags_of $impl)
       done
       if [ "$DEVICE" != CPU ] && wanted "$IMPL" builtin; then
         launch $n "builtin ${P}x${D} M=$M" $SIZE --impl builtin --stages $P --data-parallel $D \

@@ -55,7 +55,11 @@ def parse_args(argv=None):
     add_precision_flag(p)
     add_memory_plan_flag(p)
     add_turn_flags(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.trace and args.one_graph is not False:
+        p.error("--trace records each action of the loop, and pipe runs one graph unless told: "
+                "add --no-one-graph")
+    return args
 
 
 if __name__ == "__main__":   # the flags answered before MindSpore loads (seconds)

@@ -65,7 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--results", default="gpt_benchmark.jsonl")
     p.add_argument("--label", default="")
     p.add_argument("--split", action="store_true",
-                   help="pipe's loop: trace two more steps and add where each rank's time goes "
+                   help="pipe's loop (--no-one-graph): trace two more steps and add where each rank's time goes "
                         "to --results + '.split' (one line per rank)")
     add_speed_flags(p)
     add_precision_flag(p)
@@ -76,6 +76,9 @@ def parse_args(argv=None):
         m = args.micro_batches
         p.error(f"--batch-size {args.batch_size} cannot be split into --micro-batches {m}: it must "
                 f"be a multiple of {m}; try --batch-size {max(m, args.batch_size // m * m)}")
+    if args.split and args.one_graph is not False:
+        p.error("--split traces each action of the loop, and pipe runs one graph unless told: "
+                "add --no-one-graph")
     return args
 
 

@@ -92,6 +92,12 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "benchmarks/gpt_benchmark.py", "--batch-size", "18", "--micro-batches", "4"],
      "error: --batch-size 18 cannot be split into --micro-batches 4: it must be a multiple of 4; "
      "try --batch-size 16\n"),
+    ([sys.executable, "benchmarks/benchmark.py", "--trace", "t"],
+     "error: --trace records each action of the loop, and pipe runs one graph unless told: add "
+     "--no-one-graph\n"),
+    ([sys.executable, "benchmarks/gpt_benchmark.py", "--split"],
+     "error: --split traces each action of the loop, and pipe runs one graph unless told: add "
+     "--no-one-graph\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--turns", "runs/none"],   # (the headline's)
      "error: argument --turns: no such folder: runs/none\n"),
     ([sys.executable, "benchmarks/trace_bubble.py", "runs/none/trace.json"],
