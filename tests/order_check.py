@@ -1,0 +1,74 @@
+"""What one compiled step runs, in the order it runs it, on each of 2 ranks (1F1B, M=4):
+each stage's block marks its F and B from inside the graph (a Python operator), the wire
+marks each send and receive. Prints `rank R ran: ...` and `rank R's list: ...`.
+
+    mpiexec -n 2 python tests/order_check.py"""
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from pipe.config import PipelineConfig
+from pipe.engine import PipelineEngine
+from pipe.wire import MpiWire
+
+RAN = []
+
+
+def marker(kind):
+    """An operator passing x through that notes `kind` when the graph runs it."""
+    def note(x):
+        RAN.append(kind)
+        return x
+    return ops.Custom(note, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")
+
+
+class Marked(nn.Cell):
+    """x through a Dense; F noted as it runs, B as its gradient runs."""
+
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.dense, self.mark = nn.Dense(width_in, width_out), Mark()
+
+    def construct(self, x):
+        return self.mark(self.dense(x))
+
+
+class Mark(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.forward, self.backward = marker("F"), marker("B")
+
+    def construct(self, x):
+        return self.forward(x)
+
+    def bprop(self, x, out, dout):
+        return (self.backward(dout),)
+
+
+class MarkedWire(MpiWire):
+    def send_array(self, array, dst, tag):
+        RAN.append("s")
+        super().send_array(array, dst, tag)
+
+    def recv_array(self, shape, dtype, src, tag):
+        RAN.append("r")
+        return super().recv_array(shape, dtype, src, tag)
+
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+ms.set_seed(1)
+config = PipelineConfig(stages=2, micro_batches=4, batch_size=8, one_graph=True,
+                        defer_wgrad=False, device="CPU")
+engine = PipelineEngine(nn.SequentialCell([Marked(6, 8), Marked(8, 3)]),
+                        nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                        lambda params: nn.SGD(params, 0.1), config, MarkedWire())
+rng = np.random.default_rng(0)
+x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+engine.train_step(x, y)                  # (the first step also checks the stages: not noted)
+RAN.clear()
+engine.train_step(x, y)
+rank = engine.wire.rank
+print(f"rank {rank} ran: {' '.join(RAN)}", flush=True)
+print(f"rank {rank}'s list: {' '.join(str(a) for a in engine.schedule.actions[engine.layout.stage])}",
+      flush=True)
