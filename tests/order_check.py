@@ -1,8 +1,11 @@
-"""What one compiled step runs, in the order it runs it, on each of 2 ranks (1F1B, M=4):
-each stage's block marks its F and B from inside the graph (a Python operator), the wire
-marks each send and receive. Prints `rank R ran: ...` and `rank R's list: ...`.
+"""What one compiled step runs, in the order it runs it, on each of 2 ranks (M=4): each
+virtual stage's block marks its F and its input gradient (B, or I) from inside the graph
+(a Python operator), the wire marks each send and receive. Prints `rank R ran: ...` and
+`rank R's list: ...`.
 
-    mpiexec -n 2 python tests/order_check.py"""
+    mpiexec -n 2 python tests/order_check.py SCHEDULE"""
+import sys
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
@@ -58,9 +61,11 @@ class MarkedWire(MpiWire):
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
 ms.set_seed(1)
-config = PipelineConfig(stages=2, micro_batches=4, batch_size=8, one_graph=True,
+schedule = sys.argv[1]
+blocks = [Marked(6, 8)] + [Marked(8, 8) for _ in range(2 if "v" in schedule else 0)] + [Marked(8, 3)]
+config = PipelineConfig(stages=2, micro_batches=4, batch_size=8, one_graph=True, schedule=schedule,
                         defer_wgrad=False, device="CPU")
-engine = PipelineEngine(nn.SequentialCell([Marked(6, 8), Marked(8, 3)]),
+engine = PipelineEngine(nn.SequentialCell(blocks),
                         nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                         lambda params: nn.SGD(params, 0.1), config, MarkedWire())
 rng = np.random.default_rng(0)
