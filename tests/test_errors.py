@@ -119,6 +119,7 @@ def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
 
 @pytest.mark.parametrize("script", [
     "benchmarks/benchmark.py", "benchmarks/gpt_benchmark.py", "benchmarks/compare_runs.py",
+    "benchmarks/send_wait.py",
     "examples/mnist/train.py", "examples/gpt/train.py", "examples/merge_checkpoint.py"])
 def test_a_bad_flag_is_answered_before_mindspore_loads(script):
     """In a tenth of a second, not the seconds MindSpore takes to import."""
