@@ -31,7 +31,7 @@ class Modes:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules read of the model, over every rank's stage."""
+    """What the rules read of the model: each true if it holds on any rank's stage."""
     buffers: bool          # a layer holds buffers (batch norm)
     composite: bool        # a layer with weights is not an nn.Dense
 
