@@ -140,7 +140,8 @@ class PipelineEngine:
         if not step.one_graph:
             losses, grads, _, count = step.run(*inputs)
         else:
-            with self.watch.at("the step's compiled graph"), self.span("step graph"):
+            where = "the step's compiled graph; one_graph=False names the action"
+            with self.watch.at(where), self.span("step graph"):
                 losses, grads, done, count = step.run(*inputs)
                 if step.sends:           # waits inside the watch: a failed message is this step's
                     done.asnumpy()

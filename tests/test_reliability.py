@@ -103,7 +103,8 @@ def test_rank_that_stops_answering_is_named_by_its_neighbours():
 
 def test_a_lost_peer_ends_a_run_whose_step_is_one_graph():
     """The same with the step as one compiled graph: rank 0 waits on rank 1 inside the
-    graph (a message) or after it (the loss's all-reduce), and says so."""
+    graph (a message) or after it (the loss's all-reduce), and says so, and how to see the
+    action."""
     job = start(2, *SMALL, "--stages", 2, "--steps", 100000, "--timeout", 5, "--one-graph")
     job.wait_for_line(0, "step     3")
     rank_process(job, 1).suspend()
@@ -111,7 +112,8 @@ def test_a_lost_peer_ends_a_run_whose_step_is_one_graph():
     assert job.returncode != 0
     err = job.errs[0]
     assert "error: rank 0: no progress for 5 s while waiting to " in err
-    assert "rank 1\nrank 0 (stage 0, replica 0) was in the step's compiled graph\n" in err or \
+    assert ("rank 1\nrank 0 (stage 0, replica 0) was in the step's compiled graph; "
+            "--no-one-graph names the action\n") in err or \
         "all-reduce over ranks [0, 1]\nrank 0 (stage 0, replica 0) was in the all-reduce" in err
 
 
