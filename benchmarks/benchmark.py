@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "mnist"))   # the example's mo
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, positive_int, precision_name, use_device)
+                 add_speed_flags, loop_only, positive_int, precision_name, use_device)
 from timing import add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 
 
@@ -56,9 +56,7 @@ def parse_args(argv=None):
     add_memory_plan_flag(p)
     add_turn_flags(p)
     args = p.parse_args(argv)
-    if args.trace and args.one_graph is not False:
-        p.error("--trace records each action of the loop, and pipe runs one graph unless told: "
-                "add --no-one-graph")
+    loop_only(p, args, "--trace")
     return args
 
 

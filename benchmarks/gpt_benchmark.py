@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, positive_int, precision_name, use_device)
+                 add_speed_flags, loop_only, positive_int, precision_name, use_device)
 from timing import add_turn_flags, median_windows, turn  # noqa: E402
 
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
@@ -76,9 +76,7 @@ def parse_args(argv=None):
         m = args.micro_batches
         p.error(f"--batch-size {args.batch_size} cannot be split into --micro-batches {m}: it must "
                 f"be a multiple of {m}; try --batch-size {max(m, args.batch_size // m * m)}")
-    if args.split and args.one_graph is not False:
-        p.error("--split traces each action of the loop, and pipe runs one graph unless told: "
-                "add --no-one-graph")
+    loop_only(p, args, "--split")
     return args
 
 

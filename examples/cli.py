@@ -101,6 +101,13 @@ def add_speed_flags(parser):
                         help="each step as one compiled graph (default: pipe chooses)")
 
 
+def loop_only(parser, args, flag):
+    """Refuses `flag` (one that records each action) unless the loop runs: --no-one-graph."""
+    if getattr(args, flag[2:].replace("-", "_")) and args.one_graph is not False:
+        parser.error(f"{flag} records each action of the loop, and pipe runs one graph unless "
+                     "told: add --no-one-graph")
+
+
 def add_memory_plan_flag(parser):
     """--memory-plan (the default) and --no-memory-plan: use_device's `memory_plan`."""
     parser.add_argument("--memory-plan", action=argparse.BooleanOptionalAction, default=True,

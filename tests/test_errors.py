@@ -96,7 +96,7 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: --trace records each action of the loop, and pipe runs one graph unless told: add "
      "--no-one-graph\n"),
     ([sys.executable, "benchmarks/gpt_benchmark.py", "--split"],
-     "error: --split traces each action of the loop, and pipe runs one graph unless told: add "
+     "error: --split records each action of the loop, and pipe runs one graph unless told: add "
      "--no-one-graph\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--turns", "runs/none"],   # (the headline's)
      "error: argument --turns: no such folder: runs/none\n"),
