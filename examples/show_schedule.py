@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/cli.py
-from cli import Parser  # noqa: E402
+from cli import Parser, run  # noqa: E402
 from pipe import schedules  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate  # noqa: E402
@@ -78,20 +78,21 @@ def main(argv=None):
                    help="weight gradients at the flush, one W* per chunk over all micro-batches")
     p.add_argument("--lowered", action="store_true", help="also print every stage's action list")
     args = p.parse_args(argv)
+    run(lambda: print_schedules(args))   # a refused value: one line, exit code 2
+
+
+def print_schedules(args):
+    """The schedule asked for, or every schedule (`all`), for the flags' P, M and costs."""
     name = "interleaved-1f1b" if args.schedule == "all" else args.schedule   # all: its v
+    config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches, schedule=name,
+                            chunks_per_stage=args.chunks_per_stage, batch_size=args.micro_batches)
+    config.check()
+    if args.schedule == "all":
+        return compare(args.stages, args.micro_batches, config.chunks_per_stage, args.cost,
+                       args.defer_wgrad)
     try:
-        config = PipelineConfig(stages=args.stages, micro_batches=args.micro_batches,
-                                schedule=name, chunks_per_stage=args.chunks_per_stage,
-                                batch_size=args.micro_batches)
-        config.check()
-        if args.schedule == "all":
-            return compare(args.stages, args.micro_batches, config.chunks_per_stage, args.cost,
-                           args.defer_wgrad)
         schedule = checked_schedule(args.schedule, args.stages, args.micro_batches,
                                     config.chunks_per_stage, args.defer_wgrad)
-    except ValueError as e:          # one line naming the value and the fix, exit code 2
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)
-        raise SystemExit(2)
     except Deadlock as e:
         raise SystemExit(str(e))
     show(schedule, args.cost, args.lowered)
