@@ -208,9 +208,10 @@ def run(args):
                 ms.runtime.reset_peak_memory_stats()
             engine, windows, host = pipe_run(args, device, schedule, wire, x, y)
             wire = engine.wire
-            rows.append(({"impl": "pipe-graph" if engine.modes.one_graph else "pipe",
-                          "schedule": schedule + "+W*" * engine.modes.defer_wgrad,
-                          "defer_wgrad": engine.modes.defer_wgrad, "one_graph": engine.modes.one_graph,
+            modes = engine.modes
+            rows.append(({"impl": "pipe-graph" if modes.one_graph else "pipe",
+                          "schedule": schedule + "+W*" * modes.defer_wgrad,
+                          "defer_wgrad": modes.defer_wgrad, "one_graph": modes.one_graph,
                           "rank": wire.rank, "stage": engine.layout.stage,
                           "peak_memory_bytes": peak_memory(device),
                           "bounds": engine.layout.all_bounds,

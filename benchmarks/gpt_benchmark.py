@@ -65,8 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--results", default="gpt_benchmark.jsonl")
     p.add_argument("--label", default="")
     p.add_argument("--split", action="store_true",
-                   help="pipe's loop (--no-one-graph): trace two more steps and add where each rank's time goes "
-                        "to --results + '.split' (one line per rank)")
+                   help="pipe's loop (--no-one-graph): trace two more steps and add where each "
+                        "rank's time goes to --results + '.split' (one line per rank)")
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
@@ -235,8 +235,9 @@ def pipe_step(args, device):
     params = int(engine.all_reduce("the parameter count", ms.Tensor([count_params(
         engine.layout.params)], ms.float32), tuple(range(engine.wire.size))).asnumpy()[0])
     place = {"rank": engine.wire.rank, "stage": engine.layout.stage}
-    chose = {"defer_wgrad": engine.modes.defer_wgrad, "one_graph": engine.modes.one_graph, **place,
-             "impl": "pipe-graph" if engine.modes.one_graph else "pipe", "first_step_s": round(first, 2)}
+    modes = engine.modes
+    chose = {"defer_wgrad": modes.defer_wgrad, "one_graph": modes.one_graph, **place,
+             "impl": "pipe-graph" if modes.one_graph else "pipe", "first_step_s": round(first, 2)}
 
     def step():
         return engine.train_step(ids, targets)

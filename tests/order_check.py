@@ -12,6 +12,7 @@ from mindspore import nn, ops
 
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
+from pipe.schedules import CHUNKS_PER_STAGE
 from pipe.wire import MpiWire
 
 RAN = []
@@ -62,7 +63,8 @@ ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
 ms.set_seed(1)
 schedule = sys.argv[1]
-blocks = [Marked(6, 8)] + [Marked(8, 8) for _ in range(2 if "v" in schedule else 0)] + [Marked(8, 3)]
+virtual_stages = 2 * CHUNKS_PER_STAGE.get(schedule, 1)          # a block each
+blocks = [Marked(6, 8)] + [Marked(8, 8) for _ in range(virtual_stages - 2)] + [Marked(8, 3)]
 config = PipelineConfig(stages=2, micro_batches=4, batch_size=8, one_graph=True, schedule=schedule,
                         defer_wgrad=False, device="CPU")
 engine = PipelineEngine(nn.SequentialCell(blocks),
@@ -73,7 +75,6 @@ x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).ast
 engine.train_step(x, y)                  # (the first step also checks the stages: not noted)
 RAN.clear()
 engine.train_step(x, y)
-rank = engine.wire.rank
+rank, listed = engine.wire.rank, engine.schedule.actions[engine.layout.stage]
 print(f"rank {rank} ran: {' '.join(RAN)}", flush=True)
-print(f"rank {rank}'s list: {' '.join(str(a) for a in engine.schedule.actions[engine.layout.stage])}",
-      flush=True)
+print(f"rank {rank}'s list: {' '.join(map(str, listed))}", flush=True)

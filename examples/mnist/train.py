@@ -169,7 +169,7 @@ def train(args, wire=None):
         if args.save and args.save_every and step % args.save_every == 0 and step < args.steps:
             save(engine, args.save, step, checkpoint_meta)
 
-    if not engine.modes.one_graph:             # (inside one graph, MindSpore holds them)
+    if not engine.modes.one_graph:       # (inside one graph, MindSpore holds them)
         say(f"peak activation memory held by rank 0: {engine.peak_bytes / 2**20:.2f} MiB")
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
