@@ -5,7 +5,7 @@
 # CPU, pipelined on 2, 4, 8 devices up to all) beside MindSpore's own step and torch's. With no
 # flags: the headline table, each figure the median of 3 windows.
 #
-#   ./run_mnist_benchmark.sh                       # headline (3 minutes on 4 x H200)
+#   ./run_mnist_benchmark.sh                       # headline (its time: the README's Results)
 #   ./run_mnist_benchmark.sh --all                 # every layout, schedule and implementation
 #   ./run_mnist_benchmark.sh --model large --layout 2x1 --schedule 1f1b   (a part of --all)
 #
