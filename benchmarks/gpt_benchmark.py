@@ -67,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--split", action="store_true",
                    help="pipe's loop (--no-one-graph): trace two more steps and add where each "
                         "rank's time goes to --results + '.split' (one line per rank)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="GPU: profile --steps more steps with MindSpore's profiler into DIR "
+                        "(needs CUPTI's libcupti.so); benchmarks/busy.py reads each rank's busy time")
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
@@ -281,6 +284,19 @@ def split(args, step, device, step_seconds):
                             "timed_step_ms": round(step_seconds * 1e3, 2), **sums}) + "\n")
 
 
+def profile(args, step):
+    """--steps more steps under MindSpore's profiler, into --profile: the device's kernels with
+    CUPTI's timestamps, taken without a sync after each kernel (which would change the step)."""
+    from mindspore.profiler import ProfilerActivity
+    profiler = ms.Profiler(start_profile=False, output_path=args.profile, sync_enable=False,
+                           activities=[ProfilerActivity.CPU, ProfilerActivity.GPU])
+    profiler.start()
+    for _ in range(args.steps):
+        step()
+    profiler.stop()
+    profiler.analyse()
+
+
 def partition(args):
     """pipe's partition of the embedding, the blocks and the head: "uniform", or the blocks
     split evenly (examples/gpt/model.py's `even_blocks`) over the virtual stages."""
@@ -325,6 +341,8 @@ def run(args, wait):
     best = sorted(windows)[len(windows) // 2]
     if args.split and args.impl == "pipe":
         split(args, step, device, best)
+    if args.profile:
+        profile(args, step)
     if chose["rank"] == 0:
         layout = f"P={devices} M={args.micro_batches}" + (f" {args.schedule}" if devices > 1 else "")
         print(f"{args.impl} {precision_name(args)} {layout} "

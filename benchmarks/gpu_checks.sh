@@ -58,7 +58,7 @@ if [ "$GRAPH" = --one-graph ]; then   # the reference runs as the pipelines do
   python $TRAIN $FLAGS --one-graph --save "$OUT/$REF" > "$OUT/$REF.log" 2>&1
   echo "one GPU, its loop against its one graph (not checked):"
   python benchmarks/compare_runs.py "$OUT/single/model.ckpt" "$OUT/single.log" \
-    "$OUT/$REF/model.ckpt" "$OUT/$REF.log" | head -n 2 || true
+    "$OUT/$REF/model.ckpt" "$OUT/$REF.log" | sed -n 1,2p || true
 fi
 free_port() {  # a port no one listens on now, chosen by the OS
   python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
