@@ -104,8 +104,8 @@ def add_speed_flags(parser):
 def loop_only(parser, args, flag):
     """Refuses `flag` (one that records each action) unless the loop runs: --no-one-graph."""
     if getattr(args, flag[2:].replace("-", "_")) and args.one_graph is not False:
-        parser.error(f"{flag} records each action of the loop, and pipe runs a model of blocks as "
-                     "one graph unless told: add --no-one-graph")
+        parser.error(f"{flag} records each action of the loop, and pipe runs one graph unless "
+                     "told: add --no-one-graph")
 
 
 def add_memory_plan_flag(parser):

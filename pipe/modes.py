@@ -1,20 +1,18 @@
 """How a step runs, decided once when the engine is built: as one compiled graph or action by
 action (the loop), and each weight gradient per micro-batch or once at the end of the step.
 
-Both are speed and memory, never the model trained. A config field left None is pipe's, by
-the rules below, from the config and the model's layers, the same on every rank: a model of
-blocks runs one graph (many small kernels an action), a model of plain products the loop
-(the host issues their few large kernels ahead of the device) with W deferred."""
+Both are speed and memory, never the model trained. A config field left None is pipe's:
+one graph (one call per step; the loop is for tracing and watching each action), and W
+deferred by the rule below, from the config and the model's layers, the same on every rank."""
 from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-__all__ = ["Modes", "decide", "facts_of", "ONE_CALL", "PLAIN"]
+__all__ = ["Modes", "decide", "facts_of", "ONE_CALL"]
 
-ONE_CALL = "a block's many small kernels: one call per step instead of one per action"
-PLAIN = "plain products: few kernels an action, which the host issues ahead of the device"
+ONE_CALL = "one call per step instead of one per action"
 
 
 @dataclass(frozen=True)
@@ -60,18 +58,11 @@ def is_composite(layer):
 
 def decide(config, facts):
     """The config's modes, and for each it leaves None pipe's rule, with its reason."""
-    graph, why_graph = graph_rule(facts)
     defer, why_defer = defer_rule(config, facts)
-    why = ([why_graph] if config.one_graph is None else []) + \
+    why = ([ONE_CALL] if config.one_graph is None else []) + \
         ([why_defer] if config.defer_wgrad is None else [])
-    return Modes(graph if config.one_graph is None else config.one_graph,
+    return Modes(True if config.one_graph is None else config.one_graph,
                  defer if config.defer_wgrad is None else config.defer_wgrad, tuple(why))
-
-
-def graph_rule(facts):
-    """One graph for a model of blocks, the loop for plain products: what the loop costs is
-    the host's time issuing each action's kernels."""
-    return (True, ONE_CALL) if facts.composite else (False, PLAIN)
 
 
 def defer_rule(config, facts):

@@ -93,11 +93,11 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: --batch-size 18 cannot be split into --micro-batches 4: it must be a multiple of 4; "
      "try --batch-size 16\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--trace", "t"],
-     "error: --trace records each action of the loop, and pipe runs a model of blocks as one "
-     "graph unless told: add --no-one-graph\n"),
+     "error: --trace records each action of the loop, and pipe runs one graph unless told: add "
+     "--no-one-graph\n"),
     ([sys.executable, "benchmarks/gpt_benchmark.py", "--split"],
-     "error: --split records each action of the loop, and pipe runs a model of blocks as one "
-     "graph unless told: add --no-one-graph\n"),
+     "error: --split records each action of the loop, and pipe runs one graph unless told: add "
+     "--no-one-graph\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--turns", "runs/none"],   # (the headline's)
      "error: argument --turns: no such folder: runs/none\n"),
     ([sys.executable, "benchmarks/trace_bubble.py", "runs/none/trace.json"],

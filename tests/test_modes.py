@@ -11,7 +11,7 @@ from test_transparency import SEED, assert_same_weights, spec
 
 from pipe.config import PipelineConfig
 from pipe.engine import PipelineEngine
-from pipe.modes import ONE_CALL, PLAIN, Facts, Modes, decide, is_composite
+from pipe.modes import ONE_CALL, Facts, Modes, decide, is_composite
 from pipe.schedules import EVERY
 
 DEFERRED = "one product per layer over every micro-batch's rows"
@@ -34,22 +34,21 @@ def test_w_is_deferred_on_plain_products_unless_memory_is_short_or_batch_norm(
     assert (modes.defer_wgrad, modes.why) == (defer, (why,))
 
 
-@pytest.mark.parametrize("config,facts,graph,why", [
-    (dict(device="GPU", stages=4), {}, False, PLAIN),
-    (dict(stages=2), dict(buffers=True), False, PLAIN),
-    (dict(device="GPU", stages=2, precision="fp16"), dict(composite=True), True, ONE_CALL),
-    (dict(), dict(composite=True, buffers=True), True, ONE_CALL),
+@pytest.mark.parametrize("config,facts", [
+    (dict(device="GPU", stages=4), {}),
+    (dict(device="GPU", stages=2, precision="fp16"), dict(composite=True)),
+    (dict(stages=2), dict(buffers=True)),
+    (dict(), {}),
 ])
-def test_one_graph_for_blocks_the_loop_for_plain_products_unless_the_config_says(
-        config, facts, graph, why):
+def test_one_graph_whatever_the_model_and_the_gpus_unless_the_config_asks_for_the_loop(
+        config, facts):
     """By speed alone: the loop and the graph run one step function, so every feature runs
     in both; the config's choice is kept, and nothing said of it."""
     decided = Facts(**{**vars(DENSE), **facts})
     modes = decide(PipelineConfig(defer_wgrad=True, **config), decided)
-    assert (modes.one_graph, modes.why) == (graph, (why,))
-    for pinned in (False, True):
-        modes = decide(PipelineConfig(defer_wgrad=True, one_graph=pinned, **config), decided)
-        assert (modes.one_graph, modes.why) == (pinned, ())
+    assert (modes.one_graph, modes.why) == (True, (ONE_CALL,))
+    modes = decide(PipelineConfig(defer_wgrad=True, one_graph=False, **config), decided)
+    assert (modes.one_graph, modes.why) == (False, ())
 
 
 def test_the_modes_read_in_plain_words():
@@ -89,11 +88,11 @@ def bn_model():
 def test_left_to_pipe_a_run_says_its_modes_once_and_trains_as_those_flags_would(capsys):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     chosen, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8), capsys)
-    assert out == ("pipe: the step runs action by action; weight gradients at the end of "
-                   f"the step ({PLAIN}; {DEFERRED})\n")
-    assert (chosen.modes.defer_wgrad, chosen.modes.one_graph, chosen.config.defer_wgrad) == (True, False, None)
+    assert out == ("pipe: the step runs as one compiled graph; weight gradients at the end of "
+                   f"the step ({ONE_CALL}; {DEFERRED})\n")
+    assert (chosen.modes.defer_wgrad, chosen.modes.one_graph, chosen.config.defer_wgrad) == (True, True, None)
     forced, quiet = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
-                                                            defer_wgrad=True, one_graph=False), capsys)
+                                                            defer_wgrad=True, one_graph=True), capsys)
     assert quiet == ""                   # nothing left to pipe: nothing said
     for a, b in zip(chosen.layout.params, forced.layout.params):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
@@ -121,40 +120,39 @@ def test_batch_norm_left_to_pipe_runs_w_per_micro_batch_in_one_graph(capsys):
 
 def test_one_mode_left_to_pipe_is_said_with_its_reason_alone(capsys):
     engine, out = train(build_model(SEED), PipelineConfig(micro_batches=2, batch_size=8,
-                                                          one_graph=True), capsys)
-    assert out == ("pipe: the step runs as one compiled graph; weight gradients at the end of "
-                   f"the step ({DEFERRED})\n")
-    assert (engine.modes.defer_wgrad, engine.modes.one_graph) == (True, True)
+                                                          one_graph=False), capsys)
+    assert out == ("pipe: the step runs action by action; weight gradients at the end of the "
+                   f"step ({DEFERRED})\n")
+    assert (engine.modes.defer_wgrad, engine.modes.one_graph) == (True, False)
 
 
 def matrix(root):
     """Runs with nothing pinned (trained in one launch: conftest.trained): a 2 x 2 pipeline
-    (and one graph with W deferred, what it chooses but as one graph), and layer builders
-    with batch norm on the first stage only."""
+    (and the loop with W deferred, what it chooses but run action by action), and layer
+    builders with batch norm on the first stage only."""
     left, zb_v = dict(defer_wgrad=None, one_graph=None), dict(schedule="zb-v", stages=2, data_parallel=2)
     return [(4, spec(root, "defaults-zb-v-2x2", **zb_v, **left)),
-            (4, spec(root, "forced-graph-zb-v-2x2", **zb_v, defer_wgrad=True, one_graph=True)),
+            (4, spec(root, "forced-loop-zb-v-2x2", **zb_v, defer_wgrad=True, one_graph=False)),
             (2, {**spec(root, "defaults-batch-norm-builders-2x1", stages=2, **left),
                  "builders": True, "batch_norm": True})]
 
 
 def test_every_rank_makes_the_same_choice_and_trains_the_one_process_model(trained):
-    """ZB-V 2x2 of plain products: the loop with W deferred on every rank, its loss and
-    weights the bits of one graph's with W deferred (the V's local turn, messages and the
-    replicas' all-reduce inside it), and the single process's model."""
+    """ZB-V 2x2: one graph per step (the V's local turn, messages and the replicas'
+    all-reduce inside it) with W deferred, every rank's loss and weights the bits of the
+    per-action loop's with W deferred, and the single process's model."""
     ranks = results(trained / "defaults-zb-v-2x2")
-    assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, False)] * 4
-    got, want = (load(trained / name / "model.ckpt") for name in ("defaults-zb-v-2x2", "forced-graph-zb-v-2x2"))
+    assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(True, True)] * 4
+    got, want = (load(trained / name / "model.ckpt") for name in ("defaults-zb-v-2x2", "forced-loop-zb-v-2x2"))
     assert_same_bits(got, want)
     assert [r["losses"] for r in ranks.values()] == \
-        [r["losses"] for r in results(trained / "forced-graph-zb-v-2x2").values()]
+        [r["losses"] for r in results(trained / "forced-loop-zb-v-2x2").values()]
     assert_same_weights(got, plain_run("sgd", SEED)[0])
 
 
 def test_batch_norm_on_one_rank_decides_for_every_rank(trained):
-    """Builders build each rank's layers alone: rank 1 holds no buffers and only plain
-    products, yet runs as rank 0 must, one graph with W per micro-batch (one schedule, one
-    way of running it, on every rank)."""
+    """Builders build each rank's layers alone: rank 1 holds no buffers, yet runs as rank 0
+    must (one schedule, one way of running it, on every rank)."""
     ranks = results(trained / "defaults-batch-norm-builders-2x1")
     assert [bool(r["buffers"]) for r in ranks.values()] == [True, False]
     assert [(r["defer_wgrad"], r["one_graph"]) for r in ranks.values()] == [(False, True)] * 2
