@@ -95,6 +95,9 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "benchmarks/benchmark.py", "--trace", "t"],
      "error: --trace records each action of the loop, and pipe runs one graph unless told: add "
      "--no-one-graph\n"),
+    ([sys.executable, "benchmarks/busy.py", "runs/none", "--steps", "5"],
+     "error: no gpu_activity_data_*.csv under runs/none: profile on GPUs first (gpt_benchmark.py "
+     "--profile DIR, CUPTI's libcupti.so on LD_LIBRARY_PATH)\n"),
     ([sys.executable, "benchmarks/gpt_benchmark.py", "--split"],
      "error: --split records each action of the loop, and pipe runs one graph unless told: add "
      "--no-one-graph\n"),

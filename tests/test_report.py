@@ -1,12 +1,14 @@
 """benchmarks/report.py: the table a user reads, with a footnote for what was not measured."""
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
 from report import CPU_NOTE, NOTES, chart, format_table, label, scaling, summarize  # noqa: E402
 
 
@@ -148,3 +150,25 @@ def test_the_pipeline_picture_names_only_the_kinds_of_box_it_draws(tmp_path, mon
     [legend] = [ax.get_legend() for ax in drawn[0].axes]
     assert [t.get_text() for t in legend.get_texts()] == [
         "forward", "backward", "all-reduce / optimizer", "send / recv"]
+
+
+def test_busy_reads_each_ranks_kernel_time_with_nccl_apart(tmp_path):
+    """benchmarks/busy.py on MindSpore's GPU profiler files (their real header): the compute
+    kernels' time per step, NCCL's apart (a Receive's kernel holds the waiting), rank by rank."""
+    header = ("name,type,op_full_name,stream_id,block_dim,grid_dim,occurrences,"
+              "total_duration(us),avg_duration(us),max_duration(us),min_duration(us)\n")
+    kernels = {0: ['"ncclKernel_SendRecv_RING_SIMPL(ncclDevComm*)",cuLaunchKernel,Default/Send-op1,'
+                   '17,"64,1,1","1,1,1",10,9000,900,950,850',
+                   '"sm80_xmma_gemm_f32f32(float*)",cuLaunchKernel,Default/MatMul-op3,16,'
+                   '"128,1,1","96,1,1",20,30000,1500,1600,1400'],
+               1: ['"Softmax<float>(float*)",cuLaunchKernel,Default/Softmax-op2,16,"256,1,1",'
+                   '"64,1,1",5,2500,500,510,490']}
+    for rank, rows in kernels.items():
+        folder = tmp_path / f"vm_{rank}_ascend_ms"
+        folder.mkdir()
+        (folder / f"gpu_activity_data_{rank}.csv").write_text(header + "\n".join(rows) + "\n")
+    done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "busy.py"), str(tmp_path),
+                           "--steps", "5"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("rank 0: kernels 6.0 ms a step (4 of them), NCCL's 1.8 ms\n"
+                           "rank 1: kernels 0.5 ms a step (1 of them), NCCL's 0.0 ms\n")
