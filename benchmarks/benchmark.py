@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                  add_speed_flags, loop_only, positive_int, precision_name, use_device)
-from timing import add_turn_flags, host_costs, median_windows, turn  # noqa: E402
+from timing import add_profile_flag, add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,6 +51,7 @@ def parse_args(argv=None):
                                                     "STEM-SCHEDULE.json")
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
     p.add_argument("--recompute", action="store_true")
+    add_profile_flag(p)
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
@@ -110,6 +111,20 @@ def peak_memory(device):
     return int(ms.runtime.max_memory_allocated())
 
 
+def profile(step, steps, folder):
+    """`steps` more calls of `step` under MindSpore's profiler, into `folder`: the device's
+    kernels with CUPTI's timestamps, taken without a sync after each kernel (which would
+    change the step). benchmarks/busy.py reads them."""
+    from mindspore.profiler import ProfilerActivity
+    profiler = ms.Profiler(start_profile=False, output_path=folder, sync_enable=False,
+                           activities=[ProfilerActivity.CPU, ProfilerActivity.GPU])
+    profiler.start()
+    for _ in range(steps):
+        step()
+    profiler.stop()
+    profiler.analyse()
+
+
 def timed(step, args):
     """The median step time of each of `args.repeats` windows of `args.steps` steps, after
     `args.warmup` steps: the report takes the median window."""
@@ -162,6 +177,9 @@ def pipe_run(args, device, schedule, wire, x, y):
     for _ in range(3):
         engine.train_step(xs, ys)
     host = host_costs(engine.tracer.events)
+    engine.tracer = None
+    if args.profile:                     # (a folder per schedule: busy.py reads one)
+        profile(lambda: engine.train_step(xs, ys), args.steps, os.path.join(args.profile, schedule))
     if args.trace:
         trace = f"{args.trace}-{schedule}.json"
         engine.tracer = Tracer(rank, f"rank {rank}: stage {engine.layout.stage}, replica "

@@ -1,6 +1,7 @@
 """Each rank's device busy time per step, from MindSpore's profiler on GPUs
-(`gpt_benchmark.py --profile DIR`): the time of its kernels as CUPTI measured them, NCCL's
-apart (a Receive's kernel runs while it waits for the peer), over the profiled steps.
+(`gpt_benchmark.py --profile DIR`, or `benchmark.py --profile DIR`: DIR/SCHEDULE): the time
+of its kernels as CUPTI measured them, NCCL's apart (a Receive's kernel runs while it waits
+for the peer), over the profiled steps (--steps).
 
     python benchmarks/busy.py DIR --steps 5
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
                  add_speed_flags, loop_only, positive_int, precision_name, use_device)
-from timing import add_turn_flags, median_windows, turn  # noqa: E402
+from timing import add_profile_flag, add_turn_flags, median_windows, turn  # noqa: E402
 
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
 
@@ -67,9 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--split", action="store_true",
                    help="pipe's loop (--no-one-graph): trace two more steps and add where each "
                         "rank's time goes to --results + '.split' (one line per rank)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="GPU: profile --steps more steps with MindSpore's profiler into DIR "
-                        "(needs CUPTI's libcupti.so); benchmarks/busy.py reads each rank's busy time")
+    add_profile_flag(p)
     add_speed_flags(p)
     add_precision_flag(p)
     add_memory_plan_flag(p)
@@ -91,7 +89,7 @@ import numpy as np  # noqa: E402
 from mindspore import nn, ops  # noqa: E402
 
 import model as gpt  # noqa: E402  (the example's own module)
-from benchmark import peak_memory, set_tf32  # noqa: E402
+from benchmark import peak_memory, profile, set_tf32  # noqa: E402
 from pipe.config import PipelineConfig  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
 from pipe.features.builders import LayerBuilders  # noqa: E402
@@ -284,19 +282,6 @@ def split(args, step, device, step_seconds):
                             "timed_step_ms": round(step_seconds * 1e3, 2), **sums}) + "\n")
 
 
-def profile(args, step):
-    """--steps more steps under MindSpore's profiler, into --profile: the device's kernels with
-    CUPTI's timestamps, taken without a sync after each kernel (which would change the step)."""
-    from mindspore.profiler import ProfilerActivity
-    profiler = ms.Profiler(start_profile=False, output_path=args.profile, sync_enable=False,
-                           activities=[ProfilerActivity.CPU, ProfilerActivity.GPU])
-    profiler.start()
-    for _ in range(args.steps):
-        step()
-    profiler.stop()
-    profiler.analyse()
-
-
 def partition(args):
     """pipe's partition of the embedding, the blocks and the head: "uniform", or the blocks
     split evenly (examples/gpt/model.py's `even_blocks`) over the virtual stages."""
@@ -342,7 +327,7 @@ def run(args, wait):
     if args.split and args.impl == "pipe":
         split(args, step, device, best)
     if args.profile:
-        profile(args, step)
+        profile(step, args.steps, args.profile)
     if chose["rank"] == 0:
         layout = f"P={devices} M={args.micro_batches}" + (f" {args.schedule}" if devices > 1 else "")
         print(f"{args.impl} {precision_name(args)} {layout} "

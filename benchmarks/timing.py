@@ -7,7 +7,7 @@ import statistics
 import time
 
 __all__ = ["median_windows", "host_costs", "in_turn", "print_against_first", "add_turn_flags",
-           "turn"]
+           "turn", "add_profile_flag"]
 
 
 def median_windows(step, warmup, steps, repeats, before=lambda: None, warmed=lambda: None):
@@ -60,6 +60,14 @@ def print_against_first(medians, width):
     base = next(iter(medians.values()))
     for name, median in medians.items():
         print(f"{name:{width}s} {median * 1e3:8.3f} ms  {median / base:6.3f}x", flush=True)
+
+
+def add_profile_flag(parser):
+    """--profile DIR: --steps more steps under MindSpore's profiler (benchmarks/busy.py)."""
+    parser.add_argument("--profile", metavar="DIR",
+                        help="GPU: profile --steps more steps with MindSpore's profiler into DIR "
+                             "(needs CUPTI's libcupti.so); benchmarks/busy.py reads each rank's "
+                             "busy time")
 
 
 def folder(text):
