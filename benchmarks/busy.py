@@ -32,11 +32,15 @@ def kernel_times(path):
     return compute, nccl, count
 
 
-def main(folder, steps):
+def activity_files(folder):
+    """{rank: its gpu_activity_data file} under `folder`, by rank."""
     files = glob.glob(os.path.join(folder, "**", "gpu_activity_data_*.csv"), recursive=True)
-    for path in sorted(files, key=lambda p: int(re.search(r"_(\d+)\.csv$", p)[1])):
+    return dict(sorted((int(re.search(r"_(\d+)\.csv$", path)[1]), path) for path in files))
+
+
+def main(files, steps):
+    for rank, path in files.items():
         compute, nccl, count = kernel_times(path)
-        rank = re.search(r"_(\d+)\.csv$", path)[1]
         print(f"rank {rank}: kernels {compute / 1e3 / steps:.1f} ms a step ({count / steps:.0f} "
               f"of them), NCCL's {nccl / 1e3 / steps:.1f} ms", flush=True)
 
@@ -47,7 +51,8 @@ if __name__ == "__main__":
     parser.add_argument("folder", help="--profile's folder")
     parser.add_argument("--steps", type=positive_int, required=True, help="the profiled steps")
     args = parser.parse_args()
-    if not glob.glob(os.path.join(args.folder, "**", "gpu_activity_data_*.csv"), recursive=True):
+    files = activity_files(args.folder)
+    if not files:
         parser.error(f"no gpu_activity_data_*.csv under {args.folder}: profile on GPUs first "
                      "(gpt_benchmark.py --profile DIR, CUPTI's libcupti.so on LD_LIBRARY_PATH)")
-    main(args.folder, args.steps)
+    main(files, args.steps)
