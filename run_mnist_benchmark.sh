@@ -22,8 +22,8 @@
 #                                            shows the median)
 #          --devices N  --out DIR  --trace (record a Chrome trace per run of the loop)
 #          --gpt-batch 64|256 (GPUs: the GPT's global batch; 64 in 4P micro-batches, or 256 in
-#                              16 of 16 on every layout, which one GPU of 120 GiB or more
-#                              trains by accumulating them, torch whole)
+#                              16 of 16 on every layout; one GPU of 120 GiB or more, MindSpore
+#                              and torch alike, trains it whole, its fastest way)
 #          --one-at-a-time (headline: each launch starts once the one before has ended; by
 #                           default they start together, each on its own devices, compile side
 #                           by side, then are timed one at a time: all of them on 4 or more
@@ -103,7 +103,7 @@ ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer tha
 if [ "$DEVICE" = GPU ]; then   # under 100 GiB one batch per model (one batch peaks at 74 GiB on 2)
   MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -n 1)
   [ "$DEVICES" -ge 4 ] || [ "${MEM:-0}" -ge 102400 ] || ONE_BATCH=0
-  if [ "$SIDE" = 1 ] && [ "$GBATCH" = 256 ]; then   # (its one-GPU steps take 112-115 GiB each)
+  if [ "$SIDE" = 1 ] && [ "$GBATCH" = 256 ]; then   # (its one-GPU steps take 115-118 GiB each)
     SIDE=0; echo "(--gpt-batch 256: one launch at a time)"
   fi
   if [ "$SIDE" = 1 ] && [ "${MEM:-0}" -lt 65536 ]; then   # (the GPT's one-GPU steps: 30 GiB each)
@@ -268,9 +268,7 @@ headline_gpt() {  # one device: MindSpore's own step and torch's; pipe and torch
   gpt_size         # 2, 4, 8 devices up to P, M = 4 x stages (a pipeline-sized batch), 1F1B, one split
   say "== GPT (examples/gpt's layers, the token loss): $GSIZE"
   batch
-  local whole=""   # one GPU's step: the whole batch, or 256 as 16 micro-batches accumulated
-  [ "$GBATCH" = 256 ] && whole="--micro-batches 16"
-  launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore $whole
+  launch_gpt 1 "one device: MindSpore's own compiled step" $GSIZE --impl mindspore   # (whole)
   if [ $TORCH_GPT = 1 ]; then
     launch_torch_gpt "torch, one device: the same math (benchmarks/torch_gpt.py)" $GSIZE
   else
