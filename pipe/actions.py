@@ -202,15 +202,20 @@ class Actions(nn.Cell):
         (EVERY: one product per layer), added to its sums."""
         entries = ()
         for m in (range(self.micro_batches) if mb is EVERY else (mb,)):
-            entries = entries + (take(state["waiting"], m * self.count + c),)
-        first = entries[0]
-        if first:                                # (empty when no layer of the chunk has weights)
-            first = (self.order(first[0], state["done"]),) + first[1:]
-        entries = (first,) + entries[1:]
+            entries = entries + (self.held(take(state["waiting"], m * self.count + c), c, state),)
         grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         return state
+
+    def held(self, entry, c, state):
+        """What W reads of one micro-batch, its layer inputs held until the action before is
+        done. In a graph each of W's products waits for them: else it starts once I has made
+        its output gradient, ahead of the send I ends with, and the next stage waits for W."""
+        inputs, ordered = len(self.weight_inputs[c]), ()
+        for tensor in entry[:inputs]:
+            ordered = ordered + (self.order(tensor, state["done"]),)
+        return ordered + entry[inputs:]
 
     def restored(self, state, mb, c, takes, data):
         """(the residuals, the output gradient) a backward piece starts from: what F kept, and
