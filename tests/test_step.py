@@ -3,6 +3,7 @@ and the one step function, run as the loop and as one graph, training the same b
 process; tests/test_transparency.py trains with it on several ranks)."""
 import glob
 import os
+import re
 from contextlib import contextmanager
 
 import pytest
@@ -210,6 +211,15 @@ def saved_graphs(directory):
         del os.environ["MS_DEV_DUMP_IR_PASSES"]
 
 
+NODE = re.compile(r"^\s*%(\d+)\S* = (?:PrimFunc_)?(\w+)\((.*?)\)(?: {instance name: \w+})?"
+                  r"(?: (?:primitive|cnode)_attrs|$)", re.M)
+
+
+def step_graph(files):
+    """The step's graph (the largest compiled) as its nodes: (number, operator, operands)."""
+    return max((NODE.findall(open(path).read()) for path in files()), key=len)
+
+
 @pytest.mark.parametrize("one_graph", [False, True])
 def test_new_dropout_masks_compile_nothing(one_graph, tmp_path):
     """Each step's dropout masks are new tensors, inputs of the compiled calls as variables:
@@ -303,12 +313,10 @@ def test_a_fixed_scale_is_a_constant_of_the_graph(tmp_path):
     """fp32 with a scalar loss: the loss gradient's scale, 1 / M, is a number the step's
     graph holds; at M=1 it multiplies nothing, as one process's step. (At M > 1 the
     multiply is there: one graph is bitwise the loop, whose scale is a tensor, above.)"""
-    import re
     with saved_graphs(tmp_path) as files:
         engine, x, y = small_engine([nn.Dense(6, 3)], one_graph=True, defer_wgrad=False)
         engine.train_step(x, y)
-    names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
-                 for path in files()), key=len)        # the step's graph
+    names = [op for _, op, _ in step_graph(files)]
     assert "Mul" not in names, names
 
 
@@ -317,8 +325,6 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
     at once: I keeps the latter and W only adds them up, so with W deferred the step's graph
     runs LayerNorm and LayerNormGrad once per micro-batch, as with W per micro-batch (and
     trains the same weights), not once more over all the rows."""
-    import re
-
     import mindspore as ms
     import numpy as np
     counts, weights = {}, {}
@@ -328,12 +334,40 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
             engine, x, y = small_engine([nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)],
                                         micro_batches=2, one_graph=True, defer_wgrad=defer_wgrad)
             engine.train_step(x, y)
-        names = max((re.findall(r"^\s*%\S+ = (?:PrimFunc_)?(\w+)\(", open(path).read(), re.M)
-                     for path in files()), key=len)        # the step's graph
+        names = [op for _, op, _ in step_graph(files)]
         counts[defer_wgrad] = names.count("LayerNorm"), names.count("LayerNormGrad")
         weights[defer_wgrad] = [p.asnumpy() for p in engine.optimizer.parameters_dict().values()]
     assert counts[False] == counts[True] == (2, 2), counts
     assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(weights[False], weights[True]))
+
+
+def test_a_deferred_w_reads_the_layer_inputs_after_every_input_gradient(tmp_path):
+    """Compiled, W's products wait for the action before (Actions.held): in the step's
+    graph each weight gradient product (dY^T X, a MatMul of a transposed first operand)
+    reads, through the token, every input gradient product (dY W) of the step. Else a
+    GPU runs W's products beside the last I, ahead of the send I ends with."""
+    with saved_graphs(tmp_path) as files:
+        engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(),
+                                     nn.Dense(8, 3)], micro_batches=2, one_graph=True,
+                                    defer_wgrad=True)
+        engine.train_step(x, y)
+    nodes = step_graph(files)
+    reads = {node: set(re.findall(r"%(\d+)", operands)) for node, _, operands in nodes}
+
+    def before(node):                     # every node `node` reads, directly or not
+        seen, todo = set(), [node]
+        while todo:
+            for operand in reads.get(todo.pop(), ()):
+                if operand not in seen:
+                    seen.add(operand)
+                    todo.append(operand)
+        return seen
+    products = [(node, operands.split(", ")[2:]) for node, op, operands in nodes if op == "MatMul"]
+    weight_grads = [node for node, flags in products if flags == ["Bool(1)", "Bool(0)"]]
+    input_grads = {node for node, flags in products if flags == ["Bool(0)", "Bool(0)"]}
+    assert len(weight_grads) == 3 and len(input_grads) == 4, products
+    for node in weight_grads:
+        assert input_grads <= before(node), (node, input_grads - before(node))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-v"])
