@@ -202,20 +202,21 @@ class Actions(nn.Cell):
         (EVERY: one product per layer), added to its sums."""
         entries = ()
         for m in (range(self.micro_batches) if mb is EVERY else (mb,)):
-            entries = entries + (self.held(take(state["waiting"], m * self.count + c), c, state),)
+            entries = entries + (self.held(take(state["waiting"], m * self.count + c), state),)
         grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
         return state
 
-    def held(self, entry, c, state):
-        """What W reads of one micro-batch, its layer inputs held until the action before is
-        done. In a graph each of W's products waits for them: else it starts once I has made
-        its output gradient, ahead of the send I ends with, and the next stage waits for W."""
-        inputs, ordered = len(self.weight_inputs[c]), ()
-        for tensor in entry[:inputs]:
+    def held(self, entry, state):
+        """What W reads of one micro-batch, each tensor once the action before is done. In a
+        graph no product of W's starts earlier (each would start once its inputs are ready,
+        ahead of the send the I before ends with, and the next stage would wait for W), and W
+        shares no work with I: it computes what the loop's W does."""
+        ordered = ()
+        for tensor in entry:
             ordered = ordered + (self.order(tensor, state["done"]),)
-        return ordered + entry[inputs:]
+        return ordered
 
     def restored(self, state, mb, c, takes, data):
         """(the residuals, the output gradient) a backward piece starts from: what F kept, and
