@@ -341,11 +341,11 @@ def test_a_deferred_w_runs_no_layer_norm_again(tmp_path):
     assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(weights[False], weights[True]))
 
 
-def test_a_deferred_w_reads_the_layer_inputs_after_every_input_gradient(tmp_path):
-    """Compiled, W's products wait for the action before (Actions.held): in the step's
-    graph each weight gradient product (dY^T X, a MatMul of a transposed first operand)
-    reads, through the token, every input gradient product (dY W) of the step. Else a
-    GPU runs W's products beside the last I, ahead of the send I ends with."""
+def test_a_deferred_w_starts_after_every_input_gradient(tmp_path):
+    """Compiled, W waits for the action before (Actions.held): in the step's graph each of
+    its kernels (dY^T X, a MatMul of a transposed first operand; a bias's sum over dY)
+    reads, through the token, every input gradient product (dY W) of the step. Else a GPU
+    runs W's kernels beside the last I, ahead of the send I ends with."""
     with saved_graphs(tmp_path) as files:
         engine, x, y = small_engine([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 8), nn.ReLU(),
                                      nn.Dense(8, 3)], micro_batches=2, one_graph=True,
@@ -363,9 +363,10 @@ def test_a_deferred_w_reads_the_layer_inputs_after_every_input_gradient(tmp_path
                     todo.append(operand)
         return seen
     products = [(node, operands.split(", ")[2:]) for node, op, operands in nodes if op == "MatMul"]
-    weight_grads = [node for node, flags in products if flags == ["Bool(1)", "Bool(0)"]]
+    weight_grads = [node for node, flags in products if flags == ["Bool(1)", "Bool(0)"]] + [
+        node for node, op, _ in nodes if op == "BiasAddGrad"]
     input_grads = {node for node, flags in products if flags == ["Bool(0)", "Bool(0)"]}
-    assert len(weight_grads) == 3 and len(input_grads) == 4, products
+    assert len(weight_grads) == 6 and len(input_grads) == 4, (weight_grads, products)
     for node in weight_grads:
         assert input_grads <= before(node), (node, input_grads - before(node))
 
