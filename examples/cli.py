@@ -5,7 +5,7 @@ import os
 import shutil
 import signal
 import sys
-import threading
+import time
 from dataclasses import fields
 
 from pipe.config import PipelineConfig, as_flags
@@ -159,57 +159,58 @@ def run(main):
         sys.exit(2)
 
 
+STARTING = "while starting"
+
+
 class Progress:
-    """Where a run is, for what Ctrl-C says: `at` in words, the last checkpoint saved."""
-    at = "while starting"
-    saved = None                         # the step folder of the last checkpoint saved
-    saving = False                       # a checkpoint is being written: Ctrl-C waits for it
-    interrupted = False
+    """Where a run is, for what Ctrl-C says: `at` in words; `folders`, the checkpoint folders
+    it resumed from or saves to, in that order."""
+    at = STARTING
+    folders = []
+    stopping = False
 
 
 PROGRESS = Progress()
-SAVE_GRACE = 10.0                        # seconds a Ctrl-C waits for a checkpoint being written
+PEER_GRACE = 5.0                         # seconds a rank but 0 gives rank 0 to say its line,
+                                         # once stepping (before, the launcher waits for all)
 
 
 def stop_on_ctrl_c():
-    """From now on Ctrl-C, which a terminal sends to every process of the job, stops each
-    rank at once with exit code 130 (as shells report Ctrl-C), rank 0 saying in one line
-    where the run was and what it saved; no traceback, no teardown. A checkpoint being
-    written is finished first (`save`). SIGTERM too: inside a compiled call MindSpore
-    turns Ctrl-C into it."""
+    """From now on Ctrl-C, which a terminal sends to every process of the job, stops the run
+    with exit code 130 (as shells report Ctrl-C): rank 0 says in one line where the run was
+    and the last checkpoint sealed, and exits; the other ranks wait for the launcher to end
+    them with it (at most PEER_GRACE seconds), so that no peer's exit cuts that line short. No
+    traceback, no teardown. A checkpoint being written is dropped, the one before whole
+    (pipe.ops.checkpoint). SIGTERM too: inside a compiled call MindSpore turns Ctrl-C into it."""
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
 
 def _stop(signum=None, frame=None):
-    if PROGRESS.saving:                  # the checkpoint first, unless a peer that was not
-        PROGRESS.interrupted = True      # saving yet has already stopped: its save waits
-        quit_later = threading.Timer(SAVE_GRACE, _quit)
-        quit_later.daemon = True
-        quit_later.start()
-        return
-    _quit()
-
-
-def _quit():
     if launch_rank() == 0:
-        saved = (f"the last checkpoint saved is {PROGRESS.saved} (--resume "
-                 f"{os.path.dirname(PROGRESS.saved)} continues from it)" if PROGRESS.saved
-                 else "no checkpoint saved")
+        where = _last_sealed()
+        saved = (f"the last checkpoint saved is {where} (--resume {os.path.dirname(where)} "
+                 "continues from it)" if where else "no checkpoint saved")
         print(f"interrupted {PROGRESS.at}; {saved}", file=sys.stderr)
+    elif PROGRESS.at != STARTING and not PROGRESS.stopping:     # (a second Ctrl-C: at once)
+        PROGRESS.stopping = True         # rank 0 may be inside a compiled call: it speaks when
+        time.sleep(PEER_GRACE)           # the call returns, and its exit ends this rank sooner
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)                        # (not exit: MindSpore's threads would be torn down)
 
 
+def _last_sealed():
+    """The newest step folder sealed in the run's checkpoint folders, read from the disk: a
+    save cut short names the one before."""
+    if not PROGRESS.folders:             # (nothing to read, and MindSpore may be loading)
+        return None
+    from pipe.ops.checkpoint import newest
+    return next(filter(None, map(newest, reversed(PROGRESS.folders))), None)
+
+
 def save(engine, directory, step, meta=None):
-    """`engine.save`: a Ctrl-C meanwhile stops the run once the checkpoint is sealed (waiting
-    at most SAVE_GRACE seconds), and names it as the last one saved."""
-    PROGRESS.saving = True
-    try:
-        where = engine.save(directory, step, meta)
-    finally:
-        PROGRESS.saving = False
-    PROGRESS.saved = where
-    if PROGRESS.interrupted:
-        _quit()
+    """`engine.save`, its folder noted for what Ctrl-C says."""
+    if directory not in PROGRESS.folders:
+        PROGRESS.folders.append(directory)
+    return engine.save(directory, step, meta)

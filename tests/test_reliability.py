@@ -180,11 +180,29 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     if not after:
         assert job.errs[0] == "interrupted while starting; no checkpoint saved\n"
         return
-    where, meta = latest(str(tmp_path))  # (a Ctrl-C while saving waits for the checkpoint)
+    where, meta = latest(str(tmp_path))  # (a save cut short: the one before is named)
     stopped = [f"during step {meta['step'] + 1}", f"after step {meta['step']}",
-               f"after step {meta['step'] + 1}"]     # (the next one done, not yet saved)
+               f"after step {meta['step'] + 1}"]     # (the next one done, its save cut short)
     assert job.errs[0] in [f"interrupted {at} of 100000; the last checkpoint saved is {where} "
                            f"(--resume {tmp_path} continues from it)\n" for at in stopped]
+
+
+def test_ctrl_c_waits_for_rank_0s_line_when_rank_0_is_inside_a_call(tmp_path):
+    """Rank 0 inside a call no signal handler interrupts (as a compiled step) when Ctrl-C
+    comes: rank 1 waits for rank 0, which says its line once the call returns (if rank 1
+    stopped first, the launcher would end rank 0 silently)."""
+    job = Job(2, [sys.executable, os.path.join(ROOT, "tests", "ctrl_c_check.py"), str(tmp_path)])
+    try:
+        job.wait_for_line(0, "ready")
+        job.wait_for_line(1, "ready")
+        os.killpg(job.proc.pid, signal.SIGINT)
+        time.sleep(0.5)                  # (rank 1 has its Ctrl-C: only now may rank 0 return)
+        (tmp_path / "release").touch()
+        job.wait(timeout=60)
+    finally:
+        job.stop()
+    assert job.returncode == 130, job.stderr[-2000:]
+    assert job.errs == ["interrupted during step 1 of 1; no checkpoint saved\n", ""]
 
 
 def test_ctrl_c_stops_the_benchmark_in_one_line(tmp_path):

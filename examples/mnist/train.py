@@ -93,7 +93,7 @@ from mindspore import nn  # noqa: E402
 import data  # noqa: E402
 from cnn import cnn_layers  # noqa: E402
 from pipe.engine import PipelineEngine, PipelineError  # noqa: E402
-from pipe.ops.checkpoint import CheckpointError, step_dir  # noqa: E402
+from pipe.ops.checkpoint import CheckpointError  # noqa: E402
 
 
 def mlp_layers(layers, hidden, inputs=784, init="he_uniform"):
@@ -152,7 +152,7 @@ def train(args, wire=None):
             return {"losses": [], "accuracy": None, "engine": engine}
         for _ in range(start):
             next(stream)
-        PROGRESS.saved = step_dir(args.resume, start)
+        PROGRESS.folders.append(args.resume)
         say(f"resumed from step {start} in {args.resume}")
 
     # ---- training loop ----------------------------------------------------------------

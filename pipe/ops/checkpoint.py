@@ -17,8 +17,8 @@ import shutil
 import mindspore as ms
 
 
-__all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "latest",
-           "merge", "CheckpointError"]
+__all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "newest",
+           "latest", "merge", "CheckpointError"]
 
 
 VIRTUAL_STAGE = "virtual-stage-"      # a virtual stage's file: virtual-stage-<v>.ckpt
@@ -137,14 +137,21 @@ def finish(directory, step, meta, keep=2):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def latest(directory):
-    """(step directory, meta) of the newest complete checkpoint, every file verified."""
+def newest(directory):
+    """The step directory `latest` names (the newest sealed checkpoint), or None; unverified."""
     pointer = os.path.join(directory, "latest")
     if not os.path.exists(pointer):
+        return None
+    with open(pointer) as f:
+        return os.path.join(directory, f.read().strip())
+
+
+def latest(directory):
+    """(step directory, meta) of the newest complete checkpoint, every file verified."""
+    where = newest(directory)
+    if where is None:
         raise CheckpointError(f"no checkpoint in {directory!r} (no 'latest' file): start without "
                               "resuming, or point it at a directory that PipelineEngine.save wrote")
-    with open(pointer) as f:
-        where = os.path.join(directory, f.read().strip())
     try:
         with open(os.path.join(where, "meta.json")) as f:
             meta = json.load(f)
