@@ -270,6 +270,38 @@ def test_resume_on_another_layout_equals_an_uninterrupted_run(trained, saved, tm
                                        err_msg=f"{optimizer} {name}")
 
 
+def test_a_save_cut_short_leaves_nothing_in_the_next_save_of_its_step(saved, tmp_path):
+    """A save of step 4 on 4 stages, cut short (its files, no meta.json), then a run resumed
+    on 2 stages saves step 4: only this layout's files are sealed and merged."""
+    import shutil
+    where = tmp_path / "cut"
+    shutil.copytree(saved[0], where, ignore=shutil.ignore_patterns("sgd"))
+    (where / "step-000004").mkdir()
+    for name in ("virtual-stage-3.ckpt", "optimizer-3.ckpt"):      # (stage 3's, step 2's weights)
+        shutil.copy(saved[1] / name.replace("3", "1"), where / "step-000004" / name)
+    done = run_example(2, *SMALL, "--stages", 2, "--steps", 4, "--resume", where, "--save", where)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from pipe.ops.checkpoint import latest
+    step, meta = latest(str(where))
+    assert sorted(meta["sha256"]) == ["model.ckpt", "optimizer-0.ckpt", "optimizer-1.ckpt",
+                                      "virtual-stage-0.ckpt", "virtual-stage-1.ckpt"]
+    assert sorted(os.listdir(step)) == sorted([*meta["sha256"], "meta.json"])
+
+
+def test_a_new_run_saving_where_another_saved_later_steps_keeps_its_checkpoint(saved, tmp_path):
+    """A folder holding another run's steps 2 and 3; a new run saves step 1 there: `latest`
+    names the new checkpoint, whole (the newest two by name were kept), the others stay."""
+    import shutil
+    where = tmp_path / "reused"
+    shutil.copytree(saved[0], where, ignore=shutil.ignore_patterns("sgd"))
+    shutil.copytree(saved[1], where / "step-000003")
+    done = run_example(2, *SMALL, "--stages", 2, "--steps", 1, "--save", where)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from pipe.ops.checkpoint import latest
+    assert latest(str(where))[1]["step"] == 1
+    assert (where / saved[1].name / "meta.json").exists() and (where / "step-000003").exists()
+
+
 def test_resume_with_another_model_is_refused(saved):
     done = run_example(1, *SMALL, "--hidden", "24", "--steps", 4, "--resume", saved[0])
     assert done.returncode == 2

@@ -17,8 +17,8 @@ import shutil
 import mindspore as ms
 
 
-__all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "finish", "newest",
-           "latest", "merge", "CheckpointError"]
+__all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "clear", "finish",
+           "newest", "latest", "merge", "CheckpointError"]
 
 
 VIRTUAL_STAGE = "virtual-stage-"      # a virtual stage's file: virtual-stage-<v>.ckpt
@@ -122,9 +122,17 @@ def merge(directory):
     return out
 
 
+def clear(directory, step):
+    """Rank 0, before a save: empty the step's directory unless `latest` names it, so that
+    what a save cut short (or another run) left there cannot mix into this one."""
+    where = step_dir(directory, step)
+    if os.path.isdir(where) and where != newest(directory):
+        shutil.rmtree(where)
+
+
 def finish(directory, step, meta, keep=2):
     """Rank 0, once every rank wrote its files: merge, seal with meta.json, point `latest` at
-    it, and keep only the newest `keep` step directories."""
+    it, and keep it and the newest `keep - 1` before it (a later one, another run's, stays)."""
     where = step_dir(directory, step)
     shutil.copyfile(merge(where), os.path.join(directory, ".model.ckpt.tmp"))
     files = {name: _sha256(os.path.join(where, name)) for name in sorted(os.listdir(where))
@@ -133,7 +141,8 @@ def finish(directory, step, meta, keep=2):
     _write_text(os.path.join(where, "meta.json"), json.dumps(meta, indent=1))
     os.replace(os.path.join(directory, ".model.ckpt.tmp"), os.path.join(directory, "model.ckpt"))
     _write_text(os.path.join(directory, "latest"), os.path.basename(where) + "\n")
-    for old in sorted(glob.glob(os.path.join(directory, "step-*")))[:-keep]:
+    older = sorted(d for d in glob.glob(os.path.join(directory, "step-*")) if d < where)
+    for old in older[:max(0, len(older) - keep + 1)]:
         shutil.rmtree(old, ignore_errors=True)
 
 
