@@ -166,7 +166,7 @@ class Progress:
     """Where a run is, for what Ctrl-C says: `at` in words; `folders`, the checkpoint folders
     it resumed from or saves to, in that order."""
     at = STARTING
-    folders = []
+    folders = ()
     stopping = False
 
 
@@ -212,5 +212,5 @@ def _last_sealed():
 def save(engine, directory, step, meta=None):
     """`engine.save`, its folder noted for what Ctrl-C says."""
     if directory not in PROGRESS.folders:
-        PROGRESS.folders.append(directory)
+        PROGRESS.folders += (directory,)
     return engine.save(directory, step, meta)

@@ -152,7 +152,7 @@ def train(args, wire=None):
             return {"losses": [], "accuracy": None, "engine": engine}
         for _ in range(start):
             next(stream)
-        PROGRESS.folders.append(args.resume)
+        PROGRESS.folders += (args.resume,)
         say(f"resumed from step {start} in {args.resume}")
 
     # ---- training loop ----------------------------------------------------------------
