@@ -275,10 +275,10 @@ class PipelineEngine:
         """Checkpoint after `step` steps (pipe.ops.checkpoint): replica 0 writes each
         stage's parameters and optimizer state, rank 0 merges and seals it; `meta` is the
         caller's (seed, data position). Returns the step's folder."""
-        if self.wire.rank == 0:
-            checkpoint.clear(directory, step)
-        self.barrier()
         where = checkpoint.step_dir(directory, step)
+        if self.wire.rank == 0:
+            checkpoint.clear(where)
+        self.barrier()
         checkpoint.save_rank(where, self.layout, self.optimizer)
         self.barrier()
         if self.wire.rank == 0:

@@ -288,18 +288,23 @@ def test_a_save_cut_short_leaves_nothing_in_the_next_save_of_its_step(saved, tmp
     assert sorted(os.listdir(step)) == sorted([*meta["sha256"], "meta.json"])
 
 
-def test_a_new_run_saving_where_another_saved_later_steps_keeps_its_checkpoint(saved, tmp_path):
-    """A folder holding another run's steps 2 and 3; a new run saves step 1 there: `latest`
-    names the new checkpoint, whole (the newest two by name were kept), the others stay."""
+def test_a_new_run_saving_where_another_run_saved_keeps_only_its_own_checkpoint(saved, tmp_path):
+    """A folder holding another run's steps 2 (the newest, on 2 stages), 3 and 4; a new run
+    on 1 stage saves step 2 there: it is sealed with this layout's files alone, `latest`
+    names it, and the other run's later steps stay (a save never removes a later step)."""
     import shutil
     where = tmp_path / "reused"
     shutil.copytree(saved[0], where, ignore=shutil.ignore_patterns("sgd"))
-    shutil.copytree(saved[1], where / "step-000003")
-    done = run_example(2, *SMALL, "--stages", 2, "--steps", 1, "--save", where)
+    for later in ("step-000003", "step-000004"):
+        shutil.copytree(saved[1], where / later)
+    done = run_example(1, *SMALL, "--steps", 2, "--save", where)
     assert done.returncode == 0, done.stderr[-2000:]
     from pipe.ops.checkpoint import latest
-    assert latest(str(where))[1]["step"] == 1
-    assert (where / saved[1].name / "meta.json").exists() and (where / "step-000003").exists()
+    step, meta = latest(str(where))
+    assert (os.path.basename(step), meta["stages"]) == ("step-000002", 1)
+    assert sorted(os.listdir(step)) == ["meta.json", "model.ckpt", "optimizer-0.ckpt",
+                                        "virtual-stage-0.ckpt"]
+    assert (where / "step-000003").exists() and (where / "step-000004").exists()
 
 
 def test_resume_with_another_model_is_refused(saved):

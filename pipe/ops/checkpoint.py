@@ -122,12 +122,10 @@ def merge(directory):
     return out
 
 
-def clear(directory, step):
-    """Rank 0, before a save: empty the step's directory unless `latest` names it, so that
-    what a save cut short (or another run) left there cannot mix into this one."""
-    where = step_dir(directory, step)
-    if os.path.isdir(where) and where != newest(directory):
-        shutil.rmtree(where)
+def clear(where):
+    """Rank 0, before a save: empty the step directory, so that no file of a save cut short,
+    or of another run or layout, is sealed or merged with this one."""
+    shutil.rmtree(where, ignore_errors=True)
 
 
 def finish(directory, step, meta, keep=2):
