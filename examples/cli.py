@@ -172,7 +172,8 @@ class Progress:
 
 PROGRESS = Progress()
 PEER_GRACE = 5.0                         # seconds a rank but 0 gives rank 0 to say its line,
-                                         # once stepping (before, the launcher waits for all)
+                                         # from building the pipeline on (before, ranks
+                                         # have not joined: the launcher waits for each)
 
 
 def stop_on_ctrl_c():

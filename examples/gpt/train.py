@@ -72,6 +72,7 @@ def generate(engine, prompts, length, rng):
 
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
+    PROGRESS.at = "while building the pipeline"     # (the ranks join the launcher's group)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     device = use_device(args.device, args.memory_plan)
     config = config_from(args, device=device)     # every flag named after a config field

@@ -116,6 +116,7 @@ def build_model(layers, hidden, inputs=784, init="he_uniform"):
 def train(args, wire=None):
     """Train as `args` say; returns what this rank saw: the loss of every step, the
     held-out accuracy, the peak activation memory and the data used. `wire` overrides the launcher's."""
+    PROGRESS.at = "while building the pipeline"     # (the ranks join the launcher's group)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     device = use_device(args.device, args.memory_plan)
     ms.set_seed(args.seed)
