@@ -307,6 +307,13 @@ def test_a_new_run_saving_where_another_run_saved_keeps_only_its_own_checkpoint(
     assert (where / "step-000003").exists() and (where / "step-000004").exists()
 
 
+def test_resume_from_a_step_directory(saved):
+    """`--resume` given a step directory (an older one, when the newest is damaged)."""
+    done = run_example(2, *SMALL, "--stages", 2, "--steps", 3, "--resume", saved[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resumed from step 2 in {saved[1]}\n" in done.stdout
+
+
 def test_resume_with_another_model_is_refused(saved):
     done = run_example(1, *SMALL, "--hidden", "24", "--steps", 4, "--resume", saved[0])
     assert done.returncode == 2

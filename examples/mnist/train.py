@@ -61,7 +61,8 @@ def parser():
     add_memory_plan_flag(p)
     p.add_argument("--save", metavar="DIR", help="checkpoint here at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, metavar="K", help="also checkpoint every K steps")
-    p.add_argument("--resume", metavar="DIR", help="continue from the newest checkpoint in DIR")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from the newest checkpoint in DIR (or from DIR, a step directory)")
     p.add_argument("--timeout", type=_positive, default=300.0,
                    help="seconds a rank may wait on another without progress before failing")
     p.add_argument("--log-every", type=positive_int, default=10)

@@ -145,7 +145,10 @@ def finish(directory, step, meta, keep=2):
 
 
 def newest(directory):
-    """The step directory `latest` names (the newest sealed checkpoint), or None; unverified."""
+    """The step directory `latest` names (the newest sealed checkpoint), `directory` itself if
+    it is a step directory, or None; unverified."""
+    if os.path.exists(os.path.join(directory, "meta.json")):
+        return directory
     pointer = os.path.join(directory, "latest")
     if not os.path.exists(pointer):
         return None
@@ -154,7 +157,7 @@ def newest(directory):
 
 
 def latest(directory):
-    """(step directory, meta) of the newest complete checkpoint, every file verified."""
+    """(step directory, meta) of the newest complete checkpoint, or a step's; files verified."""
     where = newest(directory)
     if where is None:
         raise CheckpointError(f"no checkpoint in {directory!r} (no 'latest' file): start without "
@@ -164,7 +167,7 @@ def latest(directory):
             meta = json.load(f)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {where!r} has no readable meta.json ({e}): it is "
-                              "damaged; remove it and resume from an older one") from e
+                              "damaged; resume from an older step directory") from e
     for name, digest in meta["sha256"].items():
         path = os.path.join(where, name)
         if not os.path.exists(path) or _sha256(path) != digest:
