@@ -14,8 +14,8 @@ from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
            "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
-           "run", "precision_name", "report", "launch_rank", "PROGRESS", "stop_on_ctrl_c",
-           "save"]
+           "run", "precision_name", "report", "launch_rank", "PROGRESS", "BUILDING",
+           "stop_on_ctrl_c", "save"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -160,6 +160,7 @@ def run(main):
 
 
 STARTING = "while starting"
+BUILDING = "while building the pipeline"    # from here on the ranks join the launcher's group
 
 
 class Progress:

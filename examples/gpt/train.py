@@ -16,7 +16,7 @@ import time
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own module
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import (PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
+from cli import (BUILDING, PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
                  add_precision_flag, add_speed_flags, config_from, positive_int, run, save,
                  stop_on_ctrl_c, use_device)
 
@@ -72,7 +72,7 @@ def generate(engine, prompts, length, rng):
 
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
-    PROGRESS.at = "while building the pipeline"     # (the ranks join the launcher's group)
+    PROGRESS.at = BUILDING
     ms.set_context(mode=ms.PYNATIVE_MODE)
     device = use_device(args.device, args.memory_plan)
     config = config_from(args, device=device)     # every flag named after a config field
