@@ -165,7 +165,7 @@ BUILDING = "while building the pipeline"    # from here on the ranks join the la
 
 class Progress:
     """Where a run is, for what Ctrl-C says: `at` in words; `folders`, the checkpoint folders
-    it resumed from or saves to, in that order."""
+    it resumed from or has saved to, in that order."""
     at = STARTING
     folders = ()
     stopping = False
@@ -191,8 +191,8 @@ def stop_on_ctrl_c():
 def _stop(signum=None, frame=None):
     if launch_rank() == 0:
         where = _last_sealed()
-        saved = (f"the last checkpoint saved is {where} (--resume {os.path.dirname(where)} "
-                 "continues from it)" if where else "no checkpoint saved")
+        saved = (f"the last checkpoint saved is {where} (--resume {where} continues from it)"
+                 if where else "no checkpoint saved")
         print(f"interrupted {PROGRESS.at}; {saved}", file=sys.stderr)
     elif PROGRESS.at != STARTING and not PROGRESS.stopping:     # (a second Ctrl-C: at once)
         PROGRESS.stopping = True         # rank 0 may be inside a compiled call: it speaks when
@@ -212,7 +212,9 @@ def _last_sealed():
 
 
 def save(engine, directory, step, meta=None):
-    """`engine.save`, its folder noted for what Ctrl-C says."""
+    """`engine.save`, its folder noted for what Ctrl-C says once it holds this run's checkpoint
+    (before, its `latest` may name another run's)."""
+    where = engine.save(directory, step, meta)
     if directory not in PROGRESS.folders:
         PROGRESS.folders += (directory,)
-    return engine.save(directory, step, meta)
+    return where

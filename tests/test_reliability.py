@@ -184,13 +184,16 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     stopped = [f"during step {meta['step'] + 1}", f"after step {meta['step']}",
                f"after step {meta['step'] + 1}"]     # (the next one done, its save cut short)
     assert job.errs[0] in [f"interrupted {at} of 100000; the last checkpoint saved is {where} "
-                           f"(--resume {tmp_path} continues from it)\n" for at in stopped]
+                           f"(--resume {where} continues from it)\n" for at in stopped]
 
 
 def test_ctrl_c_waits_for_rank_0s_line_when_rank_0_is_inside_a_call(tmp_path):
     """Rank 0 inside a call no signal handler interrupts (as a compiled step) when Ctrl-C
     comes: rank 1 waits for rank 0, which says its line once the call returns (if rank 1
-    stopped first, the launcher would end rank 0 silently)."""
+    stopped first, the launcher would end rank 0 silently). The call is the run's first save,
+    into a folder holding another run's checkpoint: the line names none."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("step-000099\n")
     job = Job(2, [sys.executable, os.path.join(ROOT, "tests", "ctrl_c_check.py"), str(tmp_path)])
     try:
         job.wait_for_line(0, "ready")
