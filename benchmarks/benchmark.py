@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "mnist"))   # the example's mo
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, loop_only, positive_int, precision_name, use_device)
+                 add_speed_flags, count, loop_only, positive_int, precision_name,
+                 use_device)
 from timing import add_profile_flag, add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--inputs", type=positive_int, default=784, help="input width")
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--steps", type=positive_int, default=20, help="timed steps")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=count, default=3)
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--results", default="benchmark.jsonl")
     p.add_argument("--label", default="", help="names this run in the results")

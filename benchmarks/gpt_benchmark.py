@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
 from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, loop_only, positive_int, precision_name, use_device)
+                 add_speed_flags, count, loop_only, positive_int, precision_name,
+                 use_device)
 from timing import add_profile_flag, add_turn_flags, median_windows, turn  # noqa: E402
 
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
@@ -57,7 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b",
                    help="pipe's schedule over --stages ranks (ZB-V and DualPipeV: two chunks a rank)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per window")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=count, default=2)
     p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--peak-tflops", type=float, default=0.0,
                    help="the device's peak for MFU (0: no MFU), e.g. 67 (H100/H200 fp32), 989 (fp16)")

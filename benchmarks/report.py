@@ -25,7 +25,7 @@ import textwrap
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from cli import Parser, existing_file  # noqa: E402
+from cli import Parser, existing_file, run  # noqa: E402
 
 COLUMNS = ["model", "layout", "impl", "schedule", "M", "step_ms", "runs", "samples_per_s", "tokens_per_s",
            "mfu", "speedup", "efficiency", "pipeline_eff", "bound", "peak_mem_per_stage_GiB",
@@ -213,8 +213,14 @@ def scaling(ax, model, mine):
 
 
 def main(path):
-    with open(path) as f:
-        rows = summarize(f)
+    try:
+        with open(path) as f:
+            rows = summarize(f)
+    except (ValueError, KeyError, TypeError) as e:       # not JSON lines, or not results
+        raise ValueError(f"{path} is not the JSON lines a benchmark writes ({type(e).__name__}: "
+                         f"{e}): give the results.jsonl of a benchmark run") from None
+    if not rows:
+        raise ValueError(f"{path} holds no results: give the results.jsonl of a benchmark run")
     print(format_table(rows))
     stem = path.rsplit(".", 1)[0]
     print(chart(rows, stem + ".png"))
@@ -229,4 +235,4 @@ def main(path):
 if __name__ == "__main__":
     parser = Parser(description="The benchmark's results as one table, CSV, JSON and PNG.")
     parser.add_argument("results", type=existing_file, help="the JSON lines benchmark.py wrote")
-    main(parser.parse_args().results)
+    run(lambda: main(parser.parse_args().results))

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from cli import Parser  # noqa: E402
+from cli import Parser, existing_file, run  # noqa: E402
 
 COLORS = {"F": "#4c8bd6", "B": "#f0a030", "W": "#5bb55b", "all-reduce": "#9a6fc4", "optimizer": "#9a6fc4"}
 LEGEND = [("forward", ["F"]), ("backward", ["B"]), ("weight grad", ["W"]),
@@ -24,16 +24,23 @@ LEGEND = [("forward", ["F"]), ("backward", ["B"]), ("weight grad", ["W"]),
 
 
 def load(path):
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X"]
+    """The trace's rank names and spans; a file that is not a trace pipe recorded is refused."""
+    try:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+        spans = [e for e in events if e["ph"] == "X" and e["pid"] in names]
+    except (ValueError, KeyError, TypeError):    # not JSON, or not a trace
+        spans = []
+    if not spans:
+        raise ValueError(f"{path} holds no span of a Chrome trace that pipe recorded: give one "
+                         "that `benchmarks/benchmark.py --trace STEM` wrote")
     return names, spans
 
 
 def main(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("trace")
+    p.add_argument("trace", type=existing_file)
     p.add_argument("-o", "--output", default="docs/pipeline.png")
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
@@ -68,4 +75,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import fields
 
@@ -12,7 +13,7 @@ from pipe.config import PipelineConfig, as_flags
 from pipe.ops.watchdog import is_alike
 from pipe.schedules import SCHEDULES
 
-__all__ = ["Parser", "positive_int", "existing_file", "add_layout_flags", "add_precision_flag",
+__all__ = ["Parser", "positive_int", "count", "positive_number", "existing_file", "writable_folder", "add_layout_flags", "add_precision_flag",
            "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
            "run", "precision_name", "report", "launch_rank", "PROGRESS", "BUILDING",
            "stop_on_ctrl_c", "save"]
@@ -40,15 +41,41 @@ def report(error):
         print(f"error: {as_flags(str(error))}", file=sys.stderr, flush=True)
 
 
-def positive_int(text):
-    """An integer flag that must be at least 1, with the value echoed when it is not."""
+def _checked(text, parse, holds, must):
+    """A flag's value parsed, or refused with what it must be and the value given."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        value = None
+    if value is None or not holds(value):
+        raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
     return value
+
+
+def positive_int(text):
+    return _checked(text, int, lambda n: n >= 1, "a positive integer")
+
+
+def count(text):
+    """An integer flag that may be 0 (none)."""
+    return _checked(text, int, lambda n: n >= 0, "0 or a positive integer")
+
+
+def positive_number(text):
+    return _checked(text, float, lambda x: 0 < x < float("inf"), "a positive finite number")
+
+
+def writable_folder(text):
+    """A folder to save into, made now: a run that cannot write there fails before its first
+    step, not at its first checkpoint."""
+    try:
+        os.makedirs(text, exist_ok=True)
+        tempfile.TemporaryFile(dir=text).close()
+    except OSError as e:
+        why = "a file, not a folder" if isinstance(e, FileExistsError) else e.strerror
+        raise argparse.ArgumentTypeError(f"cannot write into {text} ({why}): give a folder "
+                                         "you can write") from None
+    return text
 
 
 def existing_file(text):

@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/cli.py
-from cli import Parser, run  # noqa: E402
+from cli import Parser, positive_number, run  # noqa: E402
 from pipe import schedules  # noqa: E402
 from pipe.config import PipelineConfig, as_flags  # noqa: E402
 from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate  # noqa: E402
@@ -72,7 +72,7 @@ def main(argv=None):
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
     p.add_argument("--chunks-per-stage", type=int, help="model chunks per stage (interleaved: 2)")
-    p.add_argument("--cost", nargs=3, type=float, default=[1, 1, 1], metavar=("F", "I", "W"),
+    p.add_argument("--cost", nargs=3, type=positive_number, default=[1, 1, 1], metavar=("F", "I", "W"),
                    help="relative durations of forward, input-gradient and weight-gradient")
     p.add_argument("--defer-wgrad", action="store_true",
                    help="weight gradients at the flush, one W* per chunk over all micro-batches")

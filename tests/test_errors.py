@@ -111,6 +111,19 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: argument ckpt_a: no such file: a.ckpt\n"),
     ([sys.executable, "examples/show_schedule.py", "--stages", "x"],   # argparse's own check too
      "error: argument --stages: invalid int value: 'x'\n"),
+    ([sys.executable, "examples/show_schedule.py", "--cost", "1", "-1", "1"],
+     "error: argument --cost: must be a positive finite number, got -1\n"),
+    ([sys.executable, "examples/mnist/train.py", "--save", "README.md"],   # (not after the run)
+     "error: argument --save: cannot write into README.md (a file, not a folder): give a folder "
+     "you can write\n"),
+    ([sys.executable, "examples/gpt/train.py", "--sample", "-1"],
+     "error: argument --sample: must be 0 or a positive integer, got -1\n"),
+    ([sys.executable, "docs/draw_pipeline.py", "README.md"],
+     "error: README.md holds no span of a Chrome trace that pipe recorded: give one that "
+     "`benchmarks/benchmark.py --trace STEM` wrote\n"),
+    ([sys.executable, "benchmarks/report.py", "README.md"],
+     "error: README.md is not the JSON lines a benchmark writes (JSONDecodeError: Expecting value: "
+     "line 1 column 1 (char 0)): give the results.jsonl of a benchmark run\n"),
     ([sys.executable, "benchmarks/benchmark.py", "--device", "Ascend"],   # (no Ascend here)
      "error: --device Ascend: this MindSpore cannot run on it here (its Ascend plugin did not load); "
      "use --device CPU\n"),

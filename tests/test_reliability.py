@@ -341,7 +341,8 @@ def test_divergence_stops_every_rank_with_the_fix():
     ("--micro-batches", "0", "argument --micro-batches: must be a positive integer, got 0"),
     ("--lr", "nan", "argument --lr: must be a positive finite number, got nan"),
     ("--stages", "two", "argument --stages: must be a positive integer, got two"),
-    ("--save-every", "-1", "--steps (300) and --save-every (-1) cannot be negative"),
+    ("--lr", "abc", "argument --lr: must be a positive finite number, got abc"),
+    ("--save-every", "-1", "argument --save-every: must be 0 or a positive integer, got -1"),
     ("--precision", "bf16", "argument --precision: bf16 is not available: MindSpore 2.10 has no "
                             "bfloat16 kernels on CPU or GPU; use fp16 or fp32"),
 ])

@@ -17,15 +17,8 @@ os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
 from cli import (BUILDING, PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                 add_precision_flag, add_speed_flags, config_from, positive_int, report, save,
-                 stop_on_ctrl_c, use_device)
-
-
-def _positive(text):
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
+                 add_precision_flag, add_speed_flags, config_from, count, positive_int,
+                 positive_number, report, save, stop_on_ctrl_c, use_device, writable_folder)
 
 
 def _probability(text):
@@ -41,7 +34,7 @@ def parser():
     add_precision_flag(p)
     p.add_argument("--chunks-per-stage", type=positive_int, default=None,
                    help="model chunks per stage for interleaved-1f1b (default 2)")
-    p.add_argument("--steps", type=int, default=300, help="total steps (also when resuming)")
+    p.add_argument("--steps", type=count, default=300, help="total steps (also when resuming)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--build", choices=["whole", "own"], default="whole",
                    help="whole: every rank builds the whole model; own: only its own layers, "
@@ -49,7 +42,7 @@ def parser():
     p.add_argument("--layers", type=positive_int, default=3, help="hidden layers L")
     p.add_argument("--hidden", type=positive_int, default=256, help="hidden width H")
     p.add_argument("--dropout", type=_probability, default=0.25, help="the CNN's dropout rate")
-    p.add_argument("--lr", type=_positive, default=0.001)
+    p.add_argument("--lr", type=positive_number, default=0.001)
     p.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="C",
                    help="scale gradients to a global L2 norm of at most C (0: off)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
@@ -59,11 +52,11 @@ def parser():
     p.add_argument("--data-dir", default="data/mnist")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     add_memory_plan_flag(p)
-    p.add_argument("--save", metavar="DIR", help="checkpoint here at the end (and every --save-every)")
-    p.add_argument("--save-every", type=int, default=0, metavar="K", help="also checkpoint every K steps")
+    p.add_argument("--save", type=writable_folder, metavar="DIR", help="checkpoint here at the end (and every --save-every)")
+    p.add_argument("--save-every", type=count, default=0, metavar="K", help="also checkpoint every K steps")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR (or from DIR, a step directory)")
-    p.add_argument("--timeout", type=_positive, default=300.0,
+    p.add_argument("--timeout", type=positive_number, default=300.0,
                    help="seconds a rank may wait on another without progress before failing")
     p.add_argument("--log-every", type=positive_int, default=10)
     p.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy at the end")
@@ -77,10 +70,7 @@ def parser():
 
 def parse_args(argv=None):
     p = parser()
-    args = p.parse_args(argv)
-    if args.steps < 0 or args.save_every < 0:
-        p.error(f"--steps ({args.steps}) and --save-every ({args.save_every}) cannot be negative")
-    return args
+    return p.parse_args(argv)
 
 
 if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
