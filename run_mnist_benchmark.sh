@@ -38,7 +38,10 @@ cd "$(dirname "$0")"
 MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS="" DEVICES="" OUT="" TRACE=0 DEFER="" PRECISION=fp32
 TF32="" GBATCH=64
 REPEATS=3 HEADLINE=1 SIDE=1
+bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 while [ $# -gt 0 ]; do
+  [[ $# -ge 2 || ! "$1" =~ ^--(model|layout|schedule|impl|steps|devices|out|precision|repeats|gpt-batch)$ ]] \
+    || bad "$1 needs a value (see --help)"
   case "$1" in
     --model) MODEL=$2; shift 2 ;;                  --all) HEADLINE=0; shift ;;
     --layout) LAYOUT=$2; HEADLINE=0; shift 2 ;;    --schedule) SCHEDULE=$2; HEADLINE=0; shift 2 ;;
@@ -50,12 +53,11 @@ while [ $# -gt 0 ]; do
     --repeats) REPEATS=$2; shift 2 ;;          --one-at-a-time) SIDE=0; shift ;;
     --gpt-batch) GBATCH=$2; shift 2 ;;
     -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) bad "unknown option $1 (see --help)" ;;
   esac
 done
 
 GSTEPS=${STEPS:-5} STEPS=${STEPS:-10}     # steps per window: the GPT's are long
-bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
 case "$MODEL" in small|large|gpt|all) ;; *) bad "--model $MODEL: use small, large, gpt or all" ;; esac
 case "$IMPL" in pipe|pipe-graph|builtin|all) ;; *) bad "--impl $IMPL: use pipe, pipe-graph, builtin or all" ;; esac
 case "$PRECISION" in fp32|fp16) ;;
@@ -83,7 +85,7 @@ if [ "$LAYOUT" != all ]; then   # a layout the devices cannot hold: say so, befo
   [ "$NEED" -le "$DEVICES" ] || bad "--layout $LAYOUT needs $NEED devices, and there are $DEVICES ($DEVICE): use a layout of at most $DEVICES, or --devices N"
 fi
 OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT/logs"
+mkdir -p "$OUT/logs" 2>/dev/null || bad "--out $OUT: cannot make $OUT/logs: give a folder you can write"
 RESULTS=$OUT/results.jsonl
 exec 3>&2                # (the trap may run inside a launch's redirection: it writes to 3)
 interrupted() {  # Ctrl-C reaches every launch too (one process group): one line, exit code 130

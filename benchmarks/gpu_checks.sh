@@ -47,7 +47,7 @@ SCHEDULES=${*:-$ALL}
 for schedule in $SCHEDULES; do
   [[ " $ALL " == *" $schedule "* ]] || { echo "error: unknown schedule '$schedule': use one of $ALL" >&2; exit 2; }
 done
-mkdir -p "$OUT"
+mkdir -p "$OUT" 2>/dev/null || { echo "error: $OUT: cannot make it: give a folder you can write" >&2; exit 2; }
 echo "\$ python $TRAIN $FLAGS --no-one-graph --save $OUT/single"
 python $TRAIN $FLAGS --no-one-graph --save "$OUT/single" > "$OUT/single.log" 2>&1
 grep -E "^(config|step|held|saved)" "$OUT/single.log" | sed -n '1p;$p'

@@ -77,6 +77,13 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: --tf32 is an NVIDIA GPU's matrix-product mode, and this machine runs on CPU, which "
      "multiplies in float32 whatever it is set to: drop --tf32\n"),
     (["./run_mnist_benchmark.sh", "--gpt-batch", "100"], "error: --gpt-batch 100: use 64 or 256\n"),
+    (["./run_mnist_benchmark.sh", "--model", "small", "--steps"],
+     "error: --steps needs a value (see --help)\n"),
+    (["./run_mnist_benchmark.sh", "--bogus"], "error: unknown option --bogus (see --help)\n"),
+    (["./run_mnist_benchmark.sh", "--model", "small", "--layout", "2x1", "--out", "README.md"],
+     "error: --out README.md: cannot make README.md/logs: give a folder you can write\n"),
+    (["bash", "benchmarks/gpu_checks.sh", "README.md"],
+     "error: README.md: cannot make it: give a folder you can write\n"),
     (["./run_mnist_benchmark.sh", "--gpt-batch", "256"],
      "error: --gpt-batch 256 is for GPUs; on CPU the GPT is scaled down to a batch of 16: drop "
      "--gpt-batch\n"),
