@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from cli import Parser, existing_file  # noqa: E402
+from cli import Parser, existing_file, run  # noqa: E402
 
 
 def losses(log):
@@ -19,10 +19,20 @@ def losses(log):
         return [float(m[2]) for m in re.finditer(r"step\s+(\d+)\s[^\n]*?loss ([0-9.]+)", f.read())]
 
 
-def main(ckpt_a, log_a, ckpt_b, log_b):
+def load(path):
     import mindspore as ms               # (loaded after the flags: a bad one is answered at once)
-    a, b = ms.load_checkpoint(ckpt_a), ms.load_checkpoint(ckpt_b)
-    assert sorted(a) == sorted(b), f"different parameters: {sorted(a)} vs {sorted(b)}"
+    try:
+        return ms.load_checkpoint(path)
+    except ValueError:
+        raise ValueError(f"{path} is not a checkpoint MindSpore can load: give the model.ckpt "
+                         "that a run's --save wrote") from None
+
+
+def main(ckpt_a, log_a, ckpt_b, log_b):
+    a, b = load(ckpt_a), load(ckpt_b)
+    if sorted(a) != sorted(b):
+        print(f"different parameters: {sorted(a)} vs {sorted(b)}")
+        sys.exit(1)
     worst = max(float(np.max(np.abs(a[k].asnumpy() - b[k].asnumpy()) / (np.abs(a[k].asnumpy()) + 1e-6)))
                 for k in a)
     same = all(np.allclose(a[k].asnumpy(), b[k].asnumpy(), rtol=1e-4, atol=1e-6) for k in a)
@@ -40,4 +50,4 @@ if __name__ == "__main__":
     for name in ("ckpt_a", "log_a", "ckpt_b", "log_b"):
         parser.add_argument(name, type=existing_file)
     args = parser.parse_args()
-    main(args.ckpt_a, args.log_a, args.ckpt_b, args.log_b)
+    run(lambda: main(args.ckpt_a, args.log_a, args.ckpt_b, args.log_b))

@@ -116,6 +116,12 @@ def test_damaged_mnist_file_is_named(tmp_path):
      "error: argument results: no such file: runs/none/results.jsonl\n"),
     ([sys.executable, "benchmarks/compare_runs.py", "a.ckpt", "a.log", "b.ckpt", "b.log"],
      "error: argument ckpt_a: no such file: a.ckpt\n"),
+    ([sys.executable, "benchmarks/compare_runs.py", "README.md", "README.md", "README.md",
+      "README.md"], "error: README.md is not a checkpoint MindSpore can load: give the model.ckpt "
+                    "that a run's --save wrote\n"),
+    ([sys.executable, "examples/mnist/download_dataset.py", "--dir", "README.md"],
+     "error: argument --dir: cannot write into README.md (a file, not a folder): give a folder "
+     "you can write\n"),
     ([sys.executable, "examples/show_schedule.py", "--stages", "x"],   # argparse's own check too
      "error: argument --stages: invalid int value: 'x'\n"),
     ([sys.executable, "examples/show_schedule.py", "--cost", "1", "-1", "1"],

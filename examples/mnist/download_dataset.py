@@ -11,7 +11,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import Parser  # noqa: E402
+from cli import Parser, writable_folder  # noqa: E402
 
 MIRRORS = ["https://ossci-datasets.s3.amazonaws.com/mnist/",
            "https://storage.googleapis.com/cvdf-datasets/mnist/"]
@@ -51,9 +51,8 @@ def fetch(name, directory):
 
 def main(argv=None):
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", default="data/mnist")
+    parser.add_argument("--dir", type=writable_folder, default="data/mnist")
     args = parser.parse_args(argv)
-    os.makedirs(args.dir, exist_ok=True)
     try:
         for name in SHA256:
             print(f"ok  {fetch(name, args.dir)}")
