@@ -51,9 +51,9 @@ class DeadlineWire(MpiWire):
 
 def connect(device, timeout):
     """This process's wire: mpi4py with deadlines on CPU (under `mpiexec`), MindSpore's on
-    GPU or Ascend under `msrun` (MS_WORKER_NUM); one process alone talks to no one."""
+    GPU or Ascend under `msrun` (MS_ROLE), even for one worker: msrun also runs the script as
+    its scheduler, which only `init()` turns into one; one process alone talks to no one."""
     if device == "CPU":
         wire = DeadlineWire(timeout)
         return wire if wire.size > 1 else SoloWire()
-    launched = int(os.environ.get("MS_WORKER_NUM", "1")) > 1
-    return MindSporeWire(device) if launched else SoloWire()
+    return MindSporeWire(device) if "MS_ROLE" in os.environ else SoloWire()
