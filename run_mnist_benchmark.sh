@@ -98,8 +98,8 @@ interrupted() {  # Ctrl-C reaches every launch too (one process group): one line
 trap interrupted INT TERM
 echo "device: $DEVICE x $DEVICES; results in $OUT"
 if [ "$DEVICE" = CPU ]; then
-  echo "(CPU: the $DEVICES processes share this machine's cores, so a pipeline cannot run faster here;"
-  echo " these runs show the schedules and that every layout trains the same model. Speedup: GPUs.)"
+  echo "(CPU: the $DEVICES processes share this machine's cores: these runs show the schedules and that"
+  echo " every layout trains the same model, not what pipelining gains; that needs a GPU per stage.)"
 fi
 ONE_BATCH=1   # side by side: the headline's launches in one batch; on fewer than 4 GPUs of
 if [ "$DEVICE" = GPU ]; then   # under 100 GiB one batch per model (one batch peaks at 74 GiB on 2)

@@ -34,8 +34,8 @@ SHOWN = ["model", "layout", "impl", "schedule", "M", "step_ms", "speedup", "boun
 DERIVED = ("speedup", "bound")        # from other rows, or "-"
 NOTES = {
     "columns": "layout: stages x replicas; schedule W*: every micro-batch's weight gradient at "
-               "the flush; speedup: over one device's step; bound: M / (M + P - 1), what the "
-               "schedule's bubble allows; peak_GiB: the largest stage's peak memory. Every "
+               "the flush; speedup: over one device's step; bound: P x D x M / (M + P - 1), the "
+               "speedup that 1F1B's bubble allows; peak_GiB: the largest stage's peak memory. Every "
                "column (samples and tokens per second, MFU, efficiencies, memory per stage, "
                "the host's time per action) is in the CSV beside the PNG",
     "-": "-: not measured in these results (speedup needs a one-device run of the same model: "
@@ -103,7 +103,8 @@ def summarize(lines):
         row["speedup"] = row["samples_per_s"] / single(row, 1, own + same + ["builtin"])
         row["efficiency"] = row["speedup"] / row["devices"]
         row["pipeline_eff"] = row["samples_per_s"] / single(row, row["M"], same) / row["devices"]
-        row["bound"] = row["M"] / (row["M"] + row["P"] - 1) if row["impl"] != "builtin" else float("nan")
+        row["bound"] = (row["devices"] * row["M"] / (row["M"] + row["P"] - 1)
+                        if row["impl"] != "builtin" else float("nan"))
     order = {"pipe": 0, "pipe-graph": 1, "builtin": 2, "torch": 3}
     rows.sort(key=lambda r: (r["model"], r["devices"], r["layout"], order[r["impl"]], r["schedule"]))
     return rows
@@ -169,9 +170,9 @@ def chart(rows, path):
     return f"chart: {path}"
 
 
-CPU_NOTE = ("On CPU the processes share this machine's cores, so a pipeline cannot run faster:\n"
-            "these runs show each schedule at work and every layout training the same model;\n"
-            "speedup needs one GPU per stage")
+CPU_NOTE = ("On CPU the processes share this machine's cores: these runs show each schedule at work\n"
+            "and every layout training the same model, not what pipelining gains (a time here also\n"
+            "counts the cores one process leaves idle); that needs one GPU per stage")
 
 
 def bars(ax, model, mine):
