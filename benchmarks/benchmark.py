@@ -234,7 +234,7 @@ def run(args):
                           "rank": wire.rank, "stage": engine.layout.stage,
                           "peak_memory_bytes": peak_memory(device),
                           "bounds": engine.layout.all_bounds,
-                          "peak_activation_bytes": engine.peak_bytes,
+                          "peak_activation_bytes": engine.memory.peak,
                           "host_us": host}, windows))   # host: median per action kind
             del engine
     with open(args.results, "a") as f:   # one short line per rank and window: appends do not interleave

@@ -115,9 +115,8 @@ class Actions(nn.Cell):
         self.messages = nn.CellList(messages, auto_prefix=False)
         self.program = encode(layout.schedule, layout.stage)
         # In a graph, one token runs every action after the one before: the list's order, which
-        # cannot deadlock and bounds the memory. (Ordered apart from the compute, a send ran
-        # after later work and the next stage waited: docs/gpus.md.) One micro-batch with no
-        # message has nothing to order.
+        # cannot deadlock and bounds the memory (unordered, a send ran after later work and the
+        # next stage waited: docs/gpus.md). One micro-batch with no message has nothing to order.
         ordered = compiled and (len(self.messages) > 0 or self.micro_batches > 1)
         self.order = ops.depend if ordered else first
         self.token = ms.Tensor(0.0, ms.float32)

@@ -39,6 +39,10 @@ def as_tensor(array):
 
 def split(config, inputs, labels, replica):
     """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
+    for name, array in (("inputs", inputs), ("labels", labels)):
+        if not isinstance(array, (np.ndarray, ms.Tensor)):
+            raise TypeError(f"train_step takes {name} as a numpy array or a MindSpore Tensor, "
+                            f"not a {type(array).__name__}: pass np.asarray({name})")
     M, D, n = config.micro_batches, config.data_parallel, len(inputs)
     if n != config.batch_size or len(labels) != n:
         raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "

@@ -45,11 +45,6 @@ class Built(NamedTuple):
     step: object         # the step function (pipe.step.Step) for these shapes
 
 
-def counted_labels(batch, counter):
-    """The global batch's labels, which a (sum, count) loss's step counts; else nothing."""
-    return as_tensor(batch.source[1]) if counter else ()
-
-
 def prepare_process(config, wire):
     """All the engine changes outside itself: an uncaught exception on one rank ends
     every rank, MindSpore's failed-compile reports go to the temporary folder (not ./rank_0/om),
@@ -71,6 +66,9 @@ class PipelineEngine:
     def __init__(self, model, loss_fn, make_optimizer, config, wire=None, sample=None):
         with alike_on_every_rank():
             config.check()
+            if isinstance(make_optimizer, ms.nn.Cell):     # (a Cell is callable: it would step)
+                raise TypeError(f"make_optimizer is an optimizer ({make_optimizer.cls_name}): "
+                                "pass a function of a stage's parameters, lambda ps: nn.Adam(ps)")
         self.config = config = replace(config)     # this engine's copy
         self.loss_fn, self.sample = loss_fn, sample
         self.wire = wire or connect(config.device, config.timeout)
@@ -154,7 +152,8 @@ class PipelineEngine:
         counter = built.counter
         fixed = self.modes.one_graph and not (self.scaler or counter)
         scale = self.mean_weight if fixed else self.loss_grad_scale(counter)
-        return (*replica_rows(batch), masks, scale, counted_labels(batch, counter))
+        counted = as_tensor(batch.source[1]) if counter else ()    # the global batch's
+        return (*replica_rows(batch), masks, scale, counted)
 
     def loss_grad_scale(self, counter):
         """The loss gradient's scale as a tensor: `mean_weight` for a scalar loss (a (sum, count)
@@ -207,13 +206,7 @@ class PipelineEngine:
         held = self.layout.virtual_stages_held
         masks = tuple(chunk.masks.of(p2p.specs[vs], step[m])
                       for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
-        # (variables of the graph: pipe.features.dropout)
-        return ms.mutable(masks) if any(masks) else masks
-
-    @property
-    def peak_bytes(self):
-        """The most activation bytes the loop held in flight at once (pipe.ops.memory)."""
-        return self.memory.peak
+        return ms.mutable(masks) if any(masks) else masks   # (the graph's variables)
 
     def around(self, schedule, i):
         stack = ExitStack()

@@ -41,8 +41,7 @@ class Sequential(nn.SequentialCell):
 
     def __init__(self, *args):
         super().__init__(*args)
-        # A tuple, not a CellList: the pieces are not registered again, so they keep
-        # the names nn.SequentialCell gave them.
+        # (a tuple, not a CellList: not registered again, they keep SequentialCell's names)
         self.pieces = tuple(leaves(list(self.cell_list)))
 
     def construct(self, x):

@@ -88,8 +88,7 @@ class MindSporeWire:
     def __init__(self, device="GPU"):
         from mindspore.communication import GlobalComm, get_group_size, get_rank, init
         init()
-        # Read after init(): the operators' default group was bound at import time to HCCL's name.
-        self.world = GlobalComm.WORLD_COMM_GROUP
+        self.world = GlobalComm.WORLD_COMM_GROUP     # (after init(): at import, HCCL's name)
         self.rank, self.size = get_rank(), get_group_size()
         self.dtypes = set(NCCL_DTYPES if device == "GPU" else WIRE_DTYPES)
         self.ops = {}

@@ -63,6 +63,21 @@ def test_models_pipe_cannot_split_are_refused(model, message):
     assert str(err.value) == message
 
 
+def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
+    """An nn.Optimizer is a Cell, so callable: taken for the function it would be run on
+    the parameters as if they were gradients."""
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
+    with pytest.raises(TypeError) as err:
+        PipelineEngine(model, LOSS, nn.Adam(model.trainable_params(), 1e-3),
+                       loop_config(batch_size=4))
+    assert str(err.value) == ("make_optimizer is an optimizer (Adam): pass a function of a stage's "
+                              "parameters, lambda ps: nn.Adam(ps)")
+    with pytest.raises(TypeError) as err:
+        engine(model).train_step([[0.0] * 4] * 4, np.zeros(4, np.int32))
+    assert str(err.value) == ("train_step takes inputs as a numpy array or a MindSpore Tensor, "
+                              "not a list: pass np.asarray(inputs)")
+
+
 def test_a_skip_connection_as_one_layer_is_kept_whole():
     block = Residual([nn.Dense(4, 4)])
     stage = make_chunk([nn.Dense(4, 4), block], is_first=False)
@@ -215,6 +230,30 @@ def test_what_the_model_does_wrong_is_told_before_the_first_step(layer, message,
     assert not os.path.exists(os.path.join(os.getcwd(), "rank_0"))
 
 
+AVERAGED = ("; return the mean over the rows (reduction='mean'), or (sum, count) for a token "
+            "mean: pipe averages the micro-batches' losses, which is one process's only for a mean")
+
+
+@pytest.mark.parametrize("loss_fn,message", [
+    (nn.SoftmaxCrossEntropyWithLogits(sparse=True),        # (reduction='none': one per row)
+     "loss_fn gives a loss of shape (2,), not one number" + AVERAGED),
+    (nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
+     "loss_fn gives 2.19722 on a micro-batch's rows, 4.39445 on them twice: not their mean (a "
+     "sum?)" + AVERAGED),
+])
+def test_a_loss_pipe_cannot_average_as_one_process_is_refused(loss_fn, message):
+    """A loss per row, or summed over the rows: pipe's mean of the micro-batches' losses
+    would train another model than one process (the gradients M times smaller for a sum)."""
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
+    engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, 0.1),
+                            loop_config(batch_size=4, micro_batches=2))
+    with pytest.raises(RuntimeError) as err:
+        engine.train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+    assert str(err.value).splitlines()[0] == (
+        "check before the first step failed: stage 0 (layers 0 to 1) failed on the input batch, "
+        "of shape (2, 4) Float32: " + message)
+
+
 def test_predict_before_the_first_train_step_needs_no_labels():
     """predict checks the stages in eval mode without the loss (which here wants labels
     shaped like the logits); the first train_step then checks the loss with real labels."""
@@ -246,9 +285,10 @@ def test_a_count_that_depends_on_the_logits_is_refused_before_the_first_step():
     model = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
     pipe = PipelineEngine(model, CountsCorrect(), lambda ps: nn.SGD(ps, learning_rate=0.1),
                           loop_config(batch_size=4, micro_batches=2))
-    with pytest.raises(RuntimeError, match=r"loss_fn returns \(sum, count\), and its count changes "
+    with pytest.raises(RuntimeError, match=r"loss_fn returns \(sum, count\) and its count changes "
                                            r"with the logits \(\d+ for zero logits, \d+ for others\): "
-                                           r"pipe needs the step's total count before its first backward"):
+                                           r"pipe counts on the labels, before the first backward; "
+                                           r"make the count theirs alone"):
         pipe.train_step(np.ones((4, 6), np.float32), np.array([0, 1, 2, 1], np.int32))
 
 

@@ -162,7 +162,7 @@ def train(args, wire=None):
             save(engine, args.save, step, checkpoint_meta)
 
     if not engine.modes.one_graph:       # (inside one graph, MindSpore holds them)
-        say(f"peak activation memory held by rank 0: {engine.peak_bytes / 2**20:.2f} MiB")
+        say(f"peak activation memory held by rank 0: {engine.memory.peak / 2**20:.2f} MiB")
 
     # ---- held-out accuracy: forward-only pipeline, outputs broadcast to every rank ------
     accuracy = None
@@ -175,7 +175,7 @@ def train(args, wire=None):
     if args.save:
         save(engine, args.save, max(start, args.steps), checkpoint_meta)
         say(f"saved {os.path.join(args.save, 'model.ckpt')}")
-    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": engine.peak_bytes, "engine": engine,
+    return {"losses": losses, "accuracy": accuracy, "peak_activation_bytes": engine.memory.peak, "engine": engine,
             "data": source, "samples": [len(train_x), len(test_x)]}
 
 

@@ -7,12 +7,11 @@ so the summed gradients are one process's d(sum / count), fp16's scaling include
 
 The count is computed from the labels alone, as `loss_fn(zeros, labels)[1]` over the
 global batch (`TokenCount`), on the device as the step's first work; a count that changes
-with the logits is refused before the first step (`check_count`), 0 / 0 after its step."""
+with the logits is refused before the first step (pipe.ops.handshake), 0 / 0 after its step."""
 import mindspore as ms
-import numpy as np
 from mindspore import nn, ops
 
-__all__ = ["LossTerm", "TokenCount", "is_counted", "check_count", "loss_sum"]
+__all__ = ["LossTerm", "TokenCount", "loss_sum"]
 
 
 class LossTerm(nn.Cell):
@@ -49,22 +48,3 @@ def loss_sum(losses):
     if not losses:
         return ops.zeros((), ms.float32)
     return losses[0] if len(losses) == 1 else ops.stack(losses).sum()
-
-
-def is_counted(loss_fn, logits_spec, labels):
-    """Whether `loss_fn` returns (sum, count), asked on zero logits of `logits_spec`."""
-    return isinstance(loss_fn(ops.zeros(*logits_spec), labels), tuple)
-
-
-def check_count(loss_fn, logits_spec, labels):
-    """Refuse a count that changes with the logits: pipe counts before the backward."""
-    shape, dtype = logits_spec
-    other = ms.Tensor(np.random.default_rng(0).standard_normal(shape), dtype)
-    counts = [float(loss_fn(logits, labels)[1].asnumpy())
-              for logits in (ops.zeros(shape, dtype), other)]
-    if counts[0] != counts[1]:
-        raise ValueError(f"loss_fn returns (sum, count), and its count changes with the logits "
-                         f"({counts[0]:g} for zero logits, {counts[1]:g} for others): pipe needs "
-                         "the step's total count before its first backward, so it counts on the "
-                         "labels alone; make the count depend on the labels only (as a count of "
-                         "non-padding targets does)")

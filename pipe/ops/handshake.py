@@ -11,17 +11,16 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 from pipe.features.batchnorm import buffers_kept
 from pipe.features.precision import computes_half
-from pipe.features.token_loss import check_count, is_counted
 from pipe.layers import arguments, variable
 from pipe.ops.watchdog import PeerFailed, alike, first_line
 from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
                        spec_of, write_header)
 
-__all__ = ["connect_stages", "StageCheck", "RandomLayer", "unwired", "agreed", "probe",
+__all__ = ["connect_stages", "StageCheck", "Refused", "unwired", "agreed", "probe",
            "describe_layer"]
 
 FLOATS = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
@@ -31,8 +30,9 @@ HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its 
              "nn.Dense does)")
 
 
-class RandomLayer(TypeError):
-    """A layer draws random numbers inside: pipe's backward would run it again and draw others."""
+class Refused(TypeError):
+    """What the model or its loss does that pipe cannot train as one process does, found by
+    running it."""
 
 
 def connect_stages(schedule, stage, wire, ranks, first_input, probe):
@@ -58,7 +58,7 @@ def connect_stages(schedule, stage, wire, ranks, first_input, probe):
 def probe(chunk, x, labels, training=True, runs=2):
     """Run the chunk's forward on `x` as a step will (compiling it), keeping nothing; returns
     its output's spec (the logits' on the last chunk) and whether the loss is (sum, count).
-    A training forward runs `runs` times: if they differ, `RandomLayer` names the layer."""
+    A training forward runs `runs` times: if they differ, `Refused` names the layer."""
     chunk.set_mode(training)
     if not training:
         return spec_of(chunk.infer(x)), False
@@ -67,17 +67,39 @@ def probe(chunk, x, labels, training=True, runs=2):
         masks = chunk.masks.learn(x)     # (keeping every unit)
         runs = [chunk.forward_cell(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
     if not _same(runs[0], runs[-1]):
-        raise RandomLayer(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
+        raise Refused(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
                           "of its forward on the same input differ, and pipe's backward "
                           "runs it again, drawing others; make each dropout an nn.Dropout "
                           "layer of its own (pipe draws its mask once per micro-batch)")
     if not chunk.is_last:
         return spec_of(runs[0]), False
     logits = spec_of(runs[0][1])          # (the loss gradient's: the logits' shape and dtype)
-    counted = is_counted(chunk.loss_fn.loss_fn, logits, labels)
-    if counted:
-        check_count(chunk.loss_fn.loss_fn, logits, labels)
-    return logits, counted
+    return logits, check_loss(chunk.loss_fn.loss_fn, logits, labels)
+
+
+def check_loss(loss_fn, logits_spec, labels):
+    """Whether `loss_fn` returns (sum, count); refused if its count changes with the logits,
+    or if it is not one number, the mean over the rows (what pipe's mean of means needs)."""
+    zeros = ops.zeros(*logits_spec)
+    loss = loss_fn(zeros, labels)
+    if isinstance(loss, tuple):
+        other = ms.Tensor(np.random.default_rng(0).standard_normal(logits_spec[0]), logits_spec[1])
+        counts = (float(loss[1].asnumpy()), float(loss_fn(other, labels)[1].asnumpy()))
+        if counts[0] != counts[1]:
+            raise Refused("loss_fn returns (sum, count) and its count changes with the logits "
+                          "({:g} for zero logits, {:g} for others): pipe counts on the labels, "
+                          "before the first backward; make the count theirs alone".format(*counts))
+        return True
+    one = loss.asnumpy()
+    twice = loss_fn(ops.concat((zeros, zeros)), ops.concat((labels, labels))).asnumpy()
+    if one.size != 1 or not np.isclose(twice.item(), one.item(), rtol=1e-2):
+        what = (f"a loss of shape {one.shape}, not one number" if one.size != 1 else
+                f"{one.item():g} on a micro-batch's rows, {twice.item():g} on them twice: not "
+                "their mean (a sum?)")
+        raise Refused(f"loss_fn gives {what}; return the mean over the rows (reduction='mean'), "
+                      "or (sum, count) for a token mean: pipe averages the micro-batches' "
+                      "losses, which is one process's only for a mean")
+    return False
 
 
 def _random_layer(chunk, x):
@@ -242,7 +264,7 @@ class StageCheck:
         """The `error` a stage's forward raised on `spec`, in words: the boundary's dtype or
         shape when its first weighted layer cannot take the input, else the model's own error
         with the piece that raised it."""
-        if isinstance(error, RandomLayer):
+        if isinstance(error, Refused):
             return self.model_text(vs, spec, str(error), since)
         # (in training each piece already ran alone, before the compile: none failed)
         found = None if self.training else locate_failure(chunk, example(spec), None)

@@ -86,8 +86,7 @@ def end_job_on_uncaught(wire):
         else:
             previous(kind, error, trace)
         sys.stdout.flush()               # (a GPU wire's abort ends the process at once)
-        # A peer's failure is already ending the job: let its abort, not this rank's own
-        # (which would add MPI's abort line here, whichever comes first), end this process.
+        # A peer's failure is already ending the job: its abort ends this process, not ours.
         end_job(wire, 1, first_line(error), grace=PEER_GRACE if peer_failed else 2.0)
     hook.previous = previous
     sys.excepthook = hook
