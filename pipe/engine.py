@@ -152,8 +152,7 @@ class PipelineEngine:
         counter = built.counter
         fixed = self.modes.one_graph and not (self.scaler or counter)
         scale = self.mean_weight if fixed else self.loss_grad_scale(counter)
-        counted = as_tensor(batch.source[1]) if counter else ()    # the global batch's
-        return (*replica_rows(batch), masks, scale, counted)
+        return (*replica_rows(batch), masks, scale, as_tensor(batch.source[1]) if counter else ())
 
     def loss_grad_scale(self, counter):
         """The loss gradient's scale as a tensor: `mean_weight` for a scalar loss (a (sum, count)

@@ -254,6 +254,24 @@ def test_a_loss_pipe_cannot_average_as_one_process_is_refused(loss_fn, message):
         "of shape (2, 4) Float32: " + message)
 
 
+class Float32Logits(nn.Cell):
+    """A loss that takes float32 logits only, as MindSpore's GPU cross entropy kernels do."""
+
+    def construct(self, logits, labels):
+        if logits.dtype != ms.float32:
+            raise TypeError(f"float32 logits only, got {logits.dtype}")
+        return LOSS(logits, labels)
+
+
+def test_in_fp16_the_check_gives_the_loss_the_float32_logits_the_step_gives_it():
+    """pipe casts the logits to float32 for the loss; the check before the first step, which
+    runs each piece eagerly, must too (on GPUs it refused the MNIST example in fp16)."""
+    model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
+    pipe = PipelineEngine(model, Float32Logits(), lambda ps: nn.SGD(ps, 0.1),
+                          loop_config(batch_size=4, precision="fp16"))
+    assert np.isfinite(pipe.train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32)))
+
+
 def test_predict_before_the_first_train_step_needs_no_labels():
     """predict checks the stages in eval mode without the loss (which here wants labels
     shaped like the logits); the first train_step then checks the loss with real labels."""

@@ -134,6 +134,7 @@ def locate_failure(chunk, x, labels):
                 return k, f"{describe_layer(chunk, k)}, given {_spec(x)}", error
             x = y
         if chunk.is_last and labels is not None:
+            x = x.astype(ms.float32) if is_half(chunk) else x    # (as the step: LogitsAsFloat32)
             try:
                 chunk.loss_fn(x, labels)
             except Exception as error:
