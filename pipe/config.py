@@ -49,34 +49,33 @@ class PipelineConfig:
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        if not isinstance(self.chunks_per_stage, int) or self.chunks_per_stage < 1:
-            raise ValueError(f"chunks_per_stage={self.chunks_per_stage!r} must be a positive "
-                             "integer")
+        for name in ("chunks_per_stage", "loss_scale_window"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        if self.device not in ("CPU", "GPU", "Ascend"):
+            raise ValueError(f"device={self.device!r} must be 'CPU', 'GPU' or 'Ascend'")
+        if not 0 < self.timeout < float("inf"):
+            raise ValueError(f"timeout={self.timeout!r} must be a positive number of seconds")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if self.precision == "bf16":
             raise ValueError("precision='bf16' is not available: MindSpore 2.10 has no bfloat16 "
                              "kernels on CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul "
-                             "on CPU); use precision='fp16' (with loss scaling) or "
-                             "precision='fp32'")
+                             "on CPU); use precision='fp16' (with loss scaling) or 'fp32'")
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision={self.precision!r} must be 'fp32' or 'fp16'")
-        if not isinstance(self.tf32, bool):
-            raise ValueError(f"tf32={self.tf32!r} must be True or False")
+        for name in ("tf32", "recompute"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.tf32 and self.device != "GPU":
             raise ValueError(f"tf32=True is an NVIDIA GPU's matrix-product mode, and device="
                              f"{self.device!r} multiplies in float32 whatever it is set to; drop "
                              "tf32=True or use device='GPU'")
         if not 1 <= self.loss_scale < float("inf"):
             raise ValueError(f"loss_scale={self.loss_scale!r} must be a finite number >= 1")
-        if not isinstance(self.loss_scale_window, int) or self.loss_scale_window < 1:
-            raise ValueError(f"loss_scale_window={self.loss_scale_window!r} must be a positive "
-                             "integer")
         if not 0 <= self.clip_grad_norm < float("inf"):
             raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be 0 (off) or a "
                              "positive finite number")
-        if not isinstance(self.recompute, bool):
-            raise ValueError(f"recompute={self.recompute!r} must be True or False")
         for name in ("defer_wgrad", "one_graph"):     # None: pipe chooses (pipe.modes)
             if not isinstance(getattr(self, name), (bool, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True, False or None "

@@ -24,6 +24,18 @@ def test_interleaved_defaults_to_two_chunks_per_rank():
     assert PipelineConfig(schedule="interleaved-1f1b", chunks_per_stage=3).chunks_per_stage == 3
 
 
+@pytest.mark.parametrize("config,message", [
+    (dict(device="gpu"), "device='gpu' must be 'CPU', 'GPU' or 'Ascend'"),
+    (dict(timeout=0), "timeout=0 must be a positive number of seconds"),
+    (dict(chunks_per_stage=0), "chunks_per_stage=0 must be a positive integer"),
+])
+def test_where_and_how_long_to_wait_are_checked_up_front(config, message):
+    """A device in lower case ran on the CPU; a timeout of 0 failed the first wait."""
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(**config).check()
+    assert str(err.value) == message
+
+
 def test_switches_take_only_true_or_false():
     with pytest.raises(ValueError) as err:
         PipelineConfig(recompute="yes").check()
@@ -41,7 +53,7 @@ def test_what_pipe_may_choose_takes_true_false_or_none(field):
 @pytest.mark.parametrize("config,message", [
     (dict(precision="bf16"), "precision='bf16' is not available: MindSpore 2.10 has no bfloat16 "
                              "kernels on CPU or GPU (no bfloat16 Cast on GPU, no bfloat16 MatMul "
-                             "on CPU); use precision='fp16' (with loss scaling) or precision='fp32'"),
+                             "on CPU); use precision='fp16' (with loss scaling) or 'fp32'"),
     (dict(precision="half"), "precision='half' must be 'fp32' or 'fp16'"),
     (dict(loss_scale=0.5), "loss_scale=0.5 must be a finite number >= 1"),
     (dict(loss_scale_window=0), "loss_scale_window=0 must be a positive integer"),
