@@ -88,9 +88,12 @@ OUT=${OUT:-runs/benchmark-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs" 2>/dev/null || bad "--out $OUT: cannot make $OUT/logs: give a folder you can write"
 RESULTS=$OUT/results.jsonl
 exec 3>&2                # (the trap may run inside a launch's redirection: it writes to 3)
+stop_launches() {  # each background launch's launcher gets SIGINT, as from Ctrl-C: msrun then
+  for pid in $(jobs -pr); do pkill -INT -P "$pid"; kill "$pid"; done 2>/dev/null || true
+}                  # kills its workers (SIGTERM would end msrun alone, its workers left running)
 interrupted() {  # Ctrl-C reaches every launch too (one process group): one line, exit code 130
   trap '' INT TERM
-  kill $(jobs -p) 2>/dev/null || true
+  stop_launches
   wait 2>/dev/null || true
   echo "interrupted after $DONE of $TOTAL launches started; what ended is in $RESULTS" >&3
   exit 130
@@ -168,7 +171,7 @@ stop_stragglers() {
   for k in $(seq 0 "$1"); do
     [ -e "$TURNS/ended-$k" ] || echo "  failed: $(cat "$TURNS/what-$k") did not end a minute after the last turn; stopped"
   done
-  for pid in $(jobs -pr); do pkill -TERM -P "$pid"; kill "$pid"; done 2>/dev/null || true
+  stop_launches
 }
 tick() {  # tick LAST: the time so far, and how many of the batch's launches compiled and were timed
   local t=$(( $(date +%s) - T0 )) ready timed
