@@ -14,6 +14,12 @@ class MicroBatches:
     source: tuple
     cut: list
 
+    def __post_init__(self):
+        for name, array in zip(("inputs", "labels"), self.source):   # (predict's labels: None)
+            if array is not None and not isinstance(array, (np.ndarray, ms.Tensor)):
+                raise TypeError(f"the batch's {name} must be a numpy array or a MindSpore "
+                                f"Tensor, not a {type(array).__name__}: pass np.asarray({name})")
+
     @cached_property
     def inputs(self):
         return [as_tensor(self.source[0][c]) for c in self.cut]
@@ -25,8 +31,8 @@ class MicroBatches:
     def words(self):
         """The global batch as its caller passed it, in words (for errors)."""
         (x, y), rows = self.source, self.cut[0].stop - self.cut[0].start
-        return (f"inputs of shape {np.shape(x)} {x.dtype}, labels of shape {np.shape(y)} "
-                f"{y.dtype}, in micro-batches of {rows} rows")
+        labels = "" if y is None else f", labels of shape {np.shape(y)} {y.dtype}"
+        return f"inputs of shape {np.shape(x)} {x.dtype}{labels}, in micro-batches of {rows} rows"
 
     @cached_property
     def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators
@@ -39,10 +45,6 @@ def as_tensor(array):
 
 def split(config, inputs, labels, replica):
     """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
-    for name, array in (("inputs", inputs), ("labels", labels)):
-        if not isinstance(array, (np.ndarray, ms.Tensor)):
-            raise TypeError(f"train_step takes {name} as a numpy array or a MindSpore Tensor, "
-                            f"not a {type(array).__name__}: pass np.asarray({name})")
     M, D, n = config.micro_batches, config.data_parallel, len(inputs)
     if n != config.batch_size or len(labels) != n:
         raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "

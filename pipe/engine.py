@@ -222,7 +222,7 @@ class PipelineEngine:
         (pipe.ops.handshake); in training, pipe's choices are made and the step is built."""
         with self.watch.reported("the shape check before the first step", catch=WireTimeout):
             check = StageCheck(self.chunks, self.layout.all_bounds, self.config.stages,
-                               batch.labels[0], self.wire.dtypes, training,
+                               batch.labels[0] if training else None, self.wire.dtypes, training,
                                runs=1 if self.built else 2, whole=batch.words())
             ranks = self.topo.pipeline_ranks(self.replica)
             p2p = connect_stages(self.schedule, self.stage, self.wire, ranks, batch.inputs[0],

@@ -72,10 +72,13 @@ def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
                        loop_config(batch_size=4))
     assert str(err.value) == ("make_optimizer is an optimizer (Adam): pass a function of a stage's "
                               "parameters, lambda ps: nn.Adam(ps)")
-    with pytest.raises(TypeError) as err:
-        engine(model).train_step([[0.0] * 4] * 4, np.zeros(4, np.int32))
-    assert str(err.value) == ("train_step takes inputs as a numpy array or a MindSpore Tensor, "
-                              "not a list: pass np.asarray(inputs)")
+    pipe = engine(model)
+    for call in (lambda: pipe.train_step([[0.0] * 4] * 4, np.zeros(4, np.int32)),
+                 lambda: pipe.predict([[0.0] * 4] * 4)):
+        with pytest.raises(TypeError) as err:
+            call()
+        assert str(err.value) == ("the batch's inputs must be a numpy array or a MindSpore "
+                                  "Tensor, not a list: pass np.asarray(inputs)")
 
 
 def test_a_skip_connection_as_one_layer_is_kept_whole():

@@ -2,7 +2,6 @@
 chunk in turn with the layers in eval mode (no dropout, batch norm from its statistics)."""
 from dataclasses import replace
 
-import numpy as np
 from mindspore import ops
 
 from pipe.actions import Loop
@@ -32,13 +31,13 @@ class Predicting(Loop):
 
 
 def split_for_predict(config, inputs):
-    """The whole of `inputs` in M micro-batches, on every replica; labels unused."""
+    """The whole of `inputs` in M micro-batches, on every replica; no labels."""
     M = config.micro_batches
     if len(inputs) % M:
         raise ValueError(f"predict got {len(inputs)} inputs, not divisible into micro_batches="
                          f"{M}: pass a multiple of {M}")
     size = len(inputs) // M
-    return MicroBatches((inputs, np.zeros(len(inputs), np.int32)),
+    return MicroBatches((inputs, None),
                         [slice(m * size, (m + 1) * size) for m in range(M)])
 
 
