@@ -129,6 +129,8 @@ def test_damaged_mnist_file_is_named(tmp_path):
     ([sys.executable, "examples/mnist/train.py", "--save", "README.md"],   # (not after the run)
      "error: argument --save: cannot write into README.md (a file, not a folder): give a folder "
      "you can write\n"),
+    ([sys.executable, "examples/gpt/train.py", "--width", "10"],
+     "error: --width 10 must be a multiple of 4: the model splits it into 4 heads\n"),
     ([sys.executable, "examples/gpt/train.py", "--sample", "-1"],
      "error: argument --sample: must be 0 or a positive integer, got -1\n"),
     ([sys.executable, "docs/draw_pipeline.py", "README.md"],

@@ -40,7 +40,11 @@ def parser():
 
 
 def parse_args(argv=None):
-    return parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.width % 4:
+        p.error(f"--width {args.width} must be a multiple of 4: the model splits it into 4 heads")
+    return args
 
 
 if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
