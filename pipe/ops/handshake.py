@@ -68,9 +68,9 @@ def probe(chunk, x, labels, training=True, runs=2):
         runs = [chunk.forward_cell(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
     if not _same(runs[0], runs[-1]):
         raise Refused(f"{_random_layer(chunk, x)} draws random numbers inside: two runs "
-                          "of its forward on the same input differ, and pipe's backward "
-                          "runs it again, drawing others; make each dropout an nn.Dropout "
-                          "layer of its own (pipe draws its mask once per micro-batch)")
+                      "of its forward on the same input differ, and pipe's backward "
+                      "runs it again, drawing others; make each dropout an nn.Dropout "
+                      "layer of its own (pipe draws its mask once per micro-batch)")
     if not chunk.is_last:
         return spec_of(runs[0]), False
     logits = spec_of(runs[0][1])          # (the loss gradient's: the logits' shape and dtype)
