@@ -62,7 +62,8 @@ def parse_args(argv=None):
     return args
 
 
-if __name__ == "__main__":   # the flags answered before MindSpore loads (seconds)
+if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
+    cli.stop_on_ctrl_c()         # (a Ctrl-C while it loads was swallowed: the rank ran on)
     ARGS = parse_args()
 
 import mindspore as ms  # noqa: E402

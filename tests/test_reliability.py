@@ -208,6 +208,25 @@ def test_ctrl_c_waits_for_rank_0s_line_when_rank_0_is_inside_a_call(tmp_path):
     assert job.errs == ["interrupted during step 1 of 1; no checkpoint saved\n", ""]
 
 
+@pytest.mark.parametrize("script", ["benchmarks/benchmark.py", "benchmarks/gpt_benchmark.py"])
+def test_ctrl_c_stops_a_benchmark_launch_while_mindspore_loads(tmp_path, script):
+    """The benchmark's programs handle Ctrl-C from their first line, as the examples do: a
+    KeyboardInterrupt while MindSpore loaded could be swallowed, that rank ran on, and
+    ./run_mnist_benchmark.sh waited on it (its own test below failed about 1 run in 30)."""
+    job = Job(2, [sys.executable, os.path.join(ROOT, script), "--stages", "2", "--micro-batches",
+                  "4", "--results", str(tmp_path / "results.jsonl")])
+    try:
+        deadline = time.monotonic() + 60
+        while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
+            assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
+        os.killpg(job.proc.pid, signal.SIGINT)
+        job.wait(timeout=60)
+    finally:
+        job.stop()
+    assert job.returncode == 130, job.stderr[-2000:]
+    assert left_running(str(tmp_path)) == []
+
+
 def test_ctrl_c_stops_the_benchmark_in_one_line(tmp_path):
     """./run_mnist_benchmark.sh, Ctrl-C once its first launch has started: the launches end
     with it, and it says in one line what it had done; exit code 130."""
