@@ -14,9 +14,9 @@ from pipe.ops.watchdog import is_alike
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "count", "positive_number", "existing_file", "writable_folder",
-           "add_layout_flags", "add_precision_flag", "add_speed_flags", "add_memory_plan_flag", "config_from", "use_device", "plan_memory",
-           "run", "precision_name", "report", "launch_rank", "PROGRESS", "BUILDING",
-           "stop_on_ctrl_c", "save"]
+           "add_layout_flags", "add_precision_flag", "add_speed_flags", "add_memory_plan_flag",
+           "config_from", "use_device", "plan_memory", "run", "precision_name", "report",
+           "launch_rank", "PROGRESS", "BUILDING", "stop_on_ctrl_c", "save"]
 
 
 class Parser(argparse.ArgumentParser):
