@@ -64,8 +64,8 @@ def test_models_pipe_cannot_split_are_refused(model, message):
 
 
 def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
-    """An nn.Optimizer is a Cell, so callable: taken for the function it would be run on
-    the parameters as if they were gradients."""
+    """An nn.Optimizer is a Cell, so callable: taken for `make_optimizer`, it was run on the
+    parameters as if they were gradients. A list has no dtype: it failed inside pipe."""
     model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
     with pytest.raises(TypeError) as err:
         PipelineEngine(model, LOSS, nn.Adam(model.trainable_params(), 1e-3),
