@@ -336,6 +336,20 @@ def test_resume_from_a_step_directory(saved):
     assert f"resumed from step 2 in {saved[1]}\n" in done.stdout
 
 
+def test_a_step_directory_whose_save_was_cut_short_is_refused_as_damaged(saved, tmp_path):
+    """`--resume ckpt/step-000009`, a save cut short there (no meta.json): told as such,
+    not as 'no checkpoint' (no `latest`), which pointed at the wrong fix."""
+    import shutil
+    from pipe.ops.checkpoint import CheckpointError, latest
+    cut = tmp_path / saved[1].name
+    shutil.copytree(saved[1], cut)
+    (cut / "meta.json").unlink()
+    with pytest.raises(CheckpointError) as err:
+        latest(str(cut))
+    assert str(err.value).startswith(f"checkpoint '{cut}' has no readable meta.json (")
+    assert str(err.value).endswith("): it is damaged; resume from an older step directory")
+
+
 def test_resume_with_another_model_is_refused(saved):
     done = run_example(1, *SMALL, "--hidden", "24", "--steps", 4, "--resume", saved[0])
     assert done.returncode == 2

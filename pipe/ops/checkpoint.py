@@ -146,8 +146,9 @@ def finish(directory, step, meta, keep=2):
 
 def newest(directory):
     """The step directory `latest` names (the newest sealed checkpoint), `directory` itself if
-    it is a step directory, or None; unverified."""
-    if os.path.exists(os.path.join(directory, "meta.json")):
+    it is a step directory (sealed or not: `latest` refuses it then), or None; unverified."""
+    step = os.path.basename(os.path.normpath(directory)).startswith("step-")
+    if step or os.path.exists(os.path.join(directory, "meta.json")):
         return directory
     pointer = os.path.join(directory, "latest")
     if not os.path.exists(pointer):
