@@ -144,6 +144,23 @@ def handles_sigterm(job, rank):
     return bool(caught & 1 << (signal.SIGTERM - 1))
 
 
+def both_handle_it(job):
+    """As soon as both ranks handle Ctrl-C (their handler installed: MindSpore loading)."""
+    return lambda: handles_sigterm(job, 0) and handles_sigterm(job, 1)
+
+
+def ctrl_c(job, ready):
+    """SIGINT to the whole job, as a terminal's Ctrl-C, once `ready()`; then its end."""
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert job.proc.poll() is None and time.monotonic() < deadline, "never ready"
+        os.killpg(job.proc.pid, signal.SIGINT)
+        job.wait(timeout=60)
+    finally:
+        job.stop()
+
+
 def left_running(word):
     """The processes still running whose command line holds `word`."""
     left = []
@@ -163,17 +180,7 @@ def test_ctrl_c_stops_every_rank_in_one_line_with_exit_code_130(tmp_path, after)
     process left; the checkpoint it names is whole."""
     from pipe.ops.checkpoint import latest
     job = start(2, *SMALL, "--stages", 2, "--steps", 100000, "--save", tmp_path, "--save-every", 1)
-    try:
-        if after:
-            job.wait_for_line(0, after)
-        else:                            # as soon as both ranks handle it: MindSpore loading
-            deadline = time.monotonic() + 60
-            while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
-                assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
-        os.killpg(job.proc.pid, signal.SIGINT)
-        job.wait(timeout=60)
-    finally:
-        job.stop()
+    ctrl_c(job, (lambda: job.wait_for_line(0, after) or True) if after else both_handle_it(job))
     assert job.returncode == 130, job.stderr[-2000:]
     assert job.errs[1] == "" and "Traceback" not in job.stderr + job.stdout
     assert left_running(str(tmp_path)) == []
@@ -215,14 +222,7 @@ def test_ctrl_c_stops_a_benchmark_launch_while_mindspore_loads(tmp_path, script)
     ./run_mnist_benchmark.sh waited on it (its own test below failed about 1 run in 30)."""
     job = Job(2, [sys.executable, os.path.join(ROOT, script), "--stages", "2", "--micro-batches",
                   "4", "--results", str(tmp_path / "results.jsonl")])
-    try:
-        deadline = time.monotonic() + 60
-        while not (handles_sigterm(job, 0) and handles_sigterm(job, 1)):
-            assert job.proc.poll() is None and time.monotonic() < deadline, "no handler"
-        os.killpg(job.proc.pid, signal.SIGINT)
-        job.wait(timeout=60)
-    finally:
-        job.stop()
+    ctrl_c(job, both_handle_it(job))
     assert job.returncode == 130, job.stderr[-2000:]
     assert left_running(str(tmp_path)) == []
 
