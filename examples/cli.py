@@ -178,12 +178,16 @@ def plan_memory():
 
 
 def run(main):
-    """Run a program's `main()`, a value the library refuses told in one line."""
+    """Run a program's `main()`, a value the library refuses told in one line; its output
+    piped into a reader that stopped early (`| head`) ends it quietly."""
     try:
         main()
     except (ValueError, TypeError) as e:
         report(e)
         sys.exit(2)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the exit flushes)
+        sys.exit(1)
 
 
 STARTING = "while starting"

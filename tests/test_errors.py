@@ -148,6 +148,15 @@ def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     assert (done.returncode, done.stderr) == (2, message)
 
 
+def test_output_piped_into_a_reader_that_stops_early_ends_without_a_traceback():
+    """`python examples/show_schedule.py | head`: the reader gone before the first line."""
+    done = subprocess.Popen([sys.executable, "examples/show_schedule.py", "--micro-batches", "64"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    done.stdout.close()                  # (long before it prints: it is still starting)
+    assert (done.wait(timeout=120), done.stderr.read()) == (1, "")
+
+
 @pytest.mark.parametrize("script", [
     "benchmarks/benchmark.py", "benchmarks/gpt_benchmark.py", "benchmarks/compare_runs.py",
     "examples/mnist/train.py", "examples/gpt/train.py", "examples/merge_checkpoint.py"])
