@@ -148,11 +148,12 @@ def test_benchmark_entry_points_answer_a_bad_value_in_one_line(cmd, message):
     assert (done.returncode, done.stderr) == (2, message)
 
 
-def test_output_piped_into_a_reader_that_stops_early_ends_without_a_traceback():
+@pytest.mark.parametrize("cmd", [["examples/show_schedule.py", "--micro-batches", "64"],
+                                 ["examples/mnist/train.py", "--steps", "2", "--data", "synthetic"]])
+def test_output_piped_into_a_reader_that_stops_early_ends_without_a_traceback(cmd):
     """`python examples/show_schedule.py | head`: the reader gone before the first line."""
-    done = subprocess.Popen([sys.executable, "examples/show_schedule.py", "--micro-batches", "64"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    done = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     done.stdout.close()                  # (long before it prints: it is still starting)
     assert (done.wait(timeout=120), done.stderr.read()) == (1, "")
 

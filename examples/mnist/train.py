@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
 from cli import (BUILDING, PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
                  add_precision_flag, add_speed_flags, config_from, count, positive_int,
-                 positive_number, report, save, stop_on_ctrl_c, use_device, writable_folder)
+                 positive_number, report, run, save, stop_on_ctrl_c, use_device,
+                 writable_folder)
 
 
 def _probability(text):
@@ -194,4 +195,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    run(lambda: main(ARGS))              # (main says a usage mistake; run, a closed pipe)
