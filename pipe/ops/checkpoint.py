@@ -22,6 +22,7 @@ __all__ = ["step_dir", "save_params", "save_rank", "load_params", "load_rank", "
 
 
 VIRTUAL_STAGE = "virtual-stage-"      # a virtual stage's file: virtual-stage-<v>.ckpt
+STEP = "step-"                        # a step's folder: step-<6 digits>
 
 
 class CheckpointError(RuntimeError):
@@ -29,7 +30,7 @@ class CheckpointError(RuntimeError):
 
 
 def step_dir(directory, step):
-    return os.path.join(directory, f"step-{step:06d}")
+    return os.path.join(directory, f"{STEP}{step:06d}")
 
 
 def _atomic(path, write):
@@ -139,7 +140,7 @@ def finish(directory, step, meta, keep=2):
     _write_text(os.path.join(where, "meta.json"), json.dumps(meta, indent=1))
     os.replace(os.path.join(directory, ".model.ckpt.tmp"), os.path.join(directory, "model.ckpt"))
     _write_text(os.path.join(directory, "latest"), os.path.basename(where) + "\n")
-    older = sorted(d for d in glob.glob(os.path.join(directory, "step-*")) if d < where)
+    older = sorted(d for d in glob.glob(os.path.join(directory, STEP + "*")) if d < where)
     for old in older[:max(0, len(older) - keep + 1)]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -147,8 +148,8 @@ def finish(directory, step, meta, keep=2):
 def newest(directory):
     """The step directory `latest` names (the newest sealed checkpoint), `directory` itself if
     it is a step directory (sealed or not: `latest` refuses it then), or None; unverified."""
-    step = os.path.basename(os.path.normpath(directory)).startswith("step-")
-    if step or os.path.exists(os.path.join(directory, "meta.json")):
+    named = os.path.basename(os.path.normpath(directory)).startswith(STEP)
+    if named or os.path.exists(os.path.join(directory, "meta.json")):
         return directory
     pointer = os.path.join(directory, "latest")
     if not os.path.exists(pointer):

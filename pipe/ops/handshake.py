@@ -31,8 +31,7 @@ HALF_HINT = (" (precision='fp16' casts each layer's inputs, not a Parameter its 
 
 
 class Refused(TypeError):
-    """What the model or its loss does that pipe cannot train as one process does, found by
-    running it."""
+    """What the model or its loss does, found by running it, that pipe cannot train exactly."""
 
 
 def connect_stages(schedule, stage, wire, ranks, first_input, probe):
