@@ -183,7 +183,7 @@ def train(args, wire=None):
 def main(args):
     try:
         train(args)
-    except (ValueError, TypeError, CheckpointError) as e:   # a usage mistake: what to change
+    except CheckpointError as e:         # a usage mistake: what to change (run: ValueError too)
         report(e)
         sys.exit(2)
     except FloatingPointError as e:                          # every rank saw the same loss
@@ -195,4 +195,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    run(lambda: main(ARGS))              # (main says a usage mistake; run, a closed pipe)
+    run(lambda: main(ARGS))
