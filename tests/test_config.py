@@ -30,7 +30,7 @@ def test_interleaved_defaults_to_two_chunks_per_rank():
     (dict(chunks_per_stage=0), "chunks_per_stage=0 must be a positive integer"),
 ])
 def test_where_and_how_long_to_wait_are_checked_up_front(config, message):
-    """A device in lower case ran on the CPU; a timeout of 0 failed the first wait."""
+    """A device in lower case would run on the CPU; a timeout of 0 would fail the first wait."""
     with pytest.raises(ValueError) as err:
         PipelineConfig(**config).check()
     assert str(err.value) == message

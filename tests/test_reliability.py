@@ -218,8 +218,8 @@ def test_ctrl_c_waits_for_rank_0s_line_when_rank_0_is_inside_a_call(tmp_path):
 @pytest.mark.parametrize("script", ["benchmarks/benchmark.py", "benchmarks/gpt_benchmark.py"])
 def test_ctrl_c_stops_a_benchmark_launch_while_mindspore_loads(tmp_path, script):
     """The benchmark's programs handle Ctrl-C from their first line, as the examples do: a
-    KeyboardInterrupt while MindSpore loaded could be swallowed, that rank ran on, and
-    ./run_mnist_benchmark.sh waited on it (its own test below failed about 1 run in 30)."""
+    KeyboardInterrupt while MindSpore loads can be swallowed, that rank runs on, and
+    ./run_mnist_benchmark.sh waits on it."""
     job = Job(2, [sys.executable, os.path.join(ROOT, script), "--stages", "2", "--micro-batches",
                   "4", "--results", str(tmp_path / "results.jsonl")])
     ctrl_c(job, both_handle_it(job))
