@@ -63,7 +63,7 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loads (seconds)
-    cli.stop_on_ctrl_c()         # (else a Ctrl-C while MindSpore loads can be lost: the rank runs on)
+    cli.stop_on_ctrl_c()         # (else a Ctrl-C while MindSpore loads can be lost)
     ARGS = parse_args()
 
 import mindspore as ms  # noqa: E402
