@@ -158,11 +158,11 @@ def build_layout(model, loss_fn, config, rank, costs):
                                  all_bounds[vs][0], config.precision))
         bounds.append(all_bounds[vs])
         names.append(chunk_names)
-    refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             # the stage's wrapper cells renamed it; optimizers want unique names
             p.name = name
+    refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
     tied = tied_weights(
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])

@@ -32,7 +32,7 @@ class Modes:
 @dataclass(frozen=True)
 class Facts:
     """What the rules read of the model: each true if it holds on any rank's stage."""
-    buffers: bool          # a layer holds buffers (batch norm)
+    buffers: bool          # a parameter is not trained (batch norm's statistics, a frozen weight)
     composite: bool        # a layer with weights is not an nn.Dense
 
 
@@ -69,7 +69,8 @@ def defer_rule(config, facts):
     if config.recompute:
         return False, "recompute: deferring would keep every micro-batch's inputs to the end"
     if facts.buffers:
-        return False, "batch norm: one weight gradient over all rows would mix their statistics"
+        return False, ("a parameter is not trained (batch norm's statistics; a frozen weight "
+                       "alike): one weight gradient over all rows would mix batch norm's")
     if facts.composite:
         return False, ("a layer with weights is not an nn.Dense: one product over all rows "
                        "gains on plain products only")

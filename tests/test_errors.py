@@ -24,8 +24,10 @@ SMALL = ["--layers", "2", "--hidden", "16", "--steps", "1", "--data", "synthetic
      "error: unknown schedule 'pipedream': choose one of gpipe, 1f1b, interleaved-1f1b, zb-h1"),
     (2, ["--stages", 2, "--model", "cnn", "--defer-wgrad", "--timeout", 30],   # batch norm on one stage
      "error: defer_wgrad runs each layer's weight gradient once over the rows of all "
-     "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
-     "of all those rows, not of each micro-batch; turn defer_wgrad off"),
+     "micro-batches, which batch norm would normalize by the statistics of them all, not "
+     "of each micro-batch; '2.moving_mean' is a parameter not trained, which pipe treats "
+     "as batch norm's statistics (it cannot tell a frozen weight from them); turn "
+     "defer_wgrad off"),
     (2, ["--stages", 2, "--resume", "nowhere"],
      "error: no checkpoint in 'nowhere' (no 'latest' file): start without resuming, or point it "
      "at a directory that PipelineEngine.save wrote"),

@@ -54,6 +54,7 @@ def test_deferred_weight_gradients_refuse_batch_norm():
     with pytest.raises(ValueError) as err:
         build_layout(model, nn.MSELoss(), config, 0, "uniform")
     assert str(err.value) == (
-        "defer_wgrad runs each layer's weight gradient once over the rows of all "
-        "micro-batches: batch norm (a layer with buffers) would normalize them by the statistics "
-        "of all those rows, not of each micro-batch; turn defer_wgrad off")
+        "defer_wgrad runs each layer's weight gradient once over the rows of all micro-batches, "
+        "which batch norm would normalize by the statistics of them all, not of each "
+        "micro-batch; '1.moving_mean' is a parameter not trained, which pipe treats as batch "
+        "norm's statistics (it cannot tell a frozen weight from them); turn defer_wgrad off")

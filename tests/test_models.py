@@ -141,6 +141,37 @@ def test_a_resumed_run_continues_statistics_and_masks(tmp_path):
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=got.name)
 
 
+def frozen_model():
+    """An MLP whose first layer is frozen (requires_grad off), as when fine-tuning."""
+    ms.set_seed(9)
+    model = nn.SequentialCell([nn.Dense(6, 8), nn.Tanh(), nn.Dense(8, 8), nn.ReLU(), nn.Dense(8, 3)])
+    for p in model[0].get_parameters():
+        p.requires_grad = False
+    return model
+
+
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_frozen_weights_stay_and_the_rest_train_as_one_process(one_graph):
+    """A parameter MindSpore does not train is kept as batch norm's statistics are (pipe
+    cannot tell them apart): unchanged, while the others train as TrainOneStepCell does."""
+    rng = np.random.default_rng(4)
+    x = ms.Tensor(rng.standard_normal((8, 6)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 3, 8).astype(np.int32))
+    whole = frozen_model()
+    start = {p.name: p.asnumpy() for p in whole.get_parameters()}
+    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), nn.Adam(whole.trainable_params(), 0.01))
+    pipe = PipelineEngine(frozen_model(), LOSS, lambda ps: nn.Adam(ps, 0.01),
+                          loop_config(batch_size=8, micro_batches=4, one_graph=one_graph))
+    for _ in range(3):
+        step(x, y)
+        pipe.train_step(x, y)
+    want = {p.name: p.asnumpy() for p in whole.get_parameters()}
+    for name, got in pipe.parameters_dict().items():
+        np.testing.assert_allclose(got.asnumpy(), want[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert [b.name for b in pipe.layout.buffers] == ["0.weight", "0.bias"]
+    assert all(np.array_equal(want[n], start[n]) for n in ("0.weight", "0.bias"))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_dtype_mismatch_is_named_as_one_before_mindspore_compiles(dtype, capfd):
     """Found before the forward runs: no failed compile prints its pages first."""

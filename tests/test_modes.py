@@ -15,6 +15,8 @@ from pipe.modes import ONE_CALL, Facts, Modes, decide, is_composite
 from pipe.schedules import EVERY
 
 DEFERRED = "one product per layer over every micro-batch's rows"
+BUFFERS = ("a parameter is not trained (batch norm's statistics; a frozen weight alike): one "
+           "weight gradient over all rows would mix batch norm's")
 DENSE = Facts(buffers=False, composite=False)
 
 
@@ -23,7 +25,7 @@ DENSE = Facts(buffers=False, composite=False)
     (dict(recompute=True), {}, False,
      "recompute: deferring would keep every micro-batch's inputs to the end"),
     (dict(), dict(buffers=True), False,
-     "batch norm: one weight gradient over all rows would mix their statistics"),
+     BUFFERS),
     (dict(precision="fp16"), dict(composite=True), False,
      "a layer with weights is not an nn.Dense: one product over all rows gains on plain "
      "products only"),
@@ -109,8 +111,7 @@ def test_the_schedule_is_made_once_with_the_modes(capsys):
 def test_batch_norm_left_to_pipe_runs_w_per_micro_batch_in_one_graph(capsys):
     engine, out = train(bn_model(), PipelineConfig(micro_batches=2, batch_size=8), capsys)
     assert out == ("pipe: the step runs as one compiled graph; weight gradients with each "
-                   f"micro-batch's backward ({ONE_CALL}; batch norm: one weight gradient over all "
-                   "rows would mix their statistics)\n")
+                   f"micro-batch's backward ({ONE_CALL}; {BUFFERS})\n")
     assert (engine.modes.defer_wgrad, engine.modes.one_graph, engine.config.one_graph) == (False, True, None)
     looped, _ = train(bn_model(), loop_config(micro_batches=2, batch_size=8), capsys)
     for a, b in zip(engine.layout.params + engine.layout.buffers,

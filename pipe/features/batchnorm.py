@@ -26,7 +26,8 @@ def average_buffers(wire, buffers, replica_ranks):
 def refuse_deferred(config, buffers):
     """Weight gradients deferred to the flush would normalize by the wrong statistics."""
     if config.defer_wgrad and buffers:
-        raise ValueError("defer_wgrad runs each layer's weight gradient once over the rows "
-                         "of all micro-batches: batch norm (a layer with buffers) would normalize "
-                         "them by the statistics of all those rows, not of each micro-batch; "
-                         "turn defer_wgrad off")
+        raise ValueError("defer_wgrad runs each layer's weight gradient once over the rows of "
+                         "all micro-batches, which batch norm would normalize by the statistics "
+                         f"of them all, not of each micro-batch; '{buffers[0].name}' is a "
+                         "parameter not trained, which pipe treats as batch norm's statistics "
+                         "(it cannot tell a frozen weight from them); turn defer_wgrad off")
