@@ -73,9 +73,6 @@ class Chunk:
                 layer.set_train(training)
             self.training = training
 
-    def labels(self, labels):
-        return self.no_labels if labels is None else labels
-
     @property
     def state(self):
         """What a checkpoint holds of this chunk: parameters, then buffers."""

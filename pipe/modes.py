@@ -47,8 +47,7 @@ def facts_of(wire, chunks):
     if wire.size > 1:
         ranks = tuple(range(wire.size))
         slots = wire.all_reduce(ms.Tensor(slots.reshape(-1)), ranks).asnumpy().reshape(slots.shape)
-    most = slots.max(0)
-    return Facts(bool(most[0]), bool(most[1]))
+    return Facts(*map(bool, slots.max(0)))          # (true on any rank)
 
 
 def is_composite(layer):

@@ -61,7 +61,8 @@ def probe(chunk, x, labels, training=True, runs=2):
     chunk.set_mode(training)
     if not training:
         return spec_of(chunk.infer(x)), False
-    labels = chunk.labels(labels if chunk.is_last else None)    # (as a step calls it: one compile)
+    if labels is None or not chunk.is_last:      # (given as a step gives it: one compile)
+        labels = chunk.no_labels
     with buffers_kept(chunk):
         masks = chunk.masks.learn(x)     # (keeping every unit)
         runs = [chunk.forward_cell(variable(x), labels, ONE, masks)[0] for _ in range(runs)]
