@@ -9,7 +9,7 @@ updates its weights."""
 import math
 import os
 import tempfile
-from contextlib import ExitStack, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -56,6 +56,18 @@ def prepare_process(config, wire):
     set_matmul_precision(config)
 
 
+def stage_optimizer(make_optimizer, params):
+    """`make_optimizer(params)`, and the index in `params` of each gradient it takes, in its
+    order (parameter groups reorder them); refused unless it holds each of `params` once."""
+    optimizer, index = make_optimizer(params), {id(p): k for k, p in enumerate(params)}
+    order = [index.get(id(p)) for p in optimizer.parameters]
+    if None in order or sorted(order) != list(range(len(params))):
+        raise ValueError(f"make_optimizer built an optimizer over {len(order)} parameters, "
+                         f"{len(order) - order.count(None)} of the {len(params)} it was given: "
+                         "build it over exactly those (freeze a weight: requires_grad = False)")
+    return optimizer, order
+
+
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training.
 
@@ -76,14 +88,15 @@ class PipelineEngine:
         self.topo = Topology(config.stages, config.data_parallel)
         with alike_on_every_rank():
             self.topo.check_world_size(self.wire.size)
-        self.stage = self.topo.stage_of(self.wire.rank)
-        self.replica = self.topo.replica_of(self.wire.rank)
+        self.all_ranks = tuple(range(self.wire.size))
         self.layout = plan(model, loss_fn, config, self.wire, sample)
+        self.stage, self.replica = self.layout.stage, self.layout.replica
         self.schedule, self.chunks = self.layout.schedule, self.layout.chunks
         self.modes = self.layout.modes   # how every step runs (pipe.modes)
         if self.modes.why and self.wire.rank == 0:
             print(f"pipe: {self.modes}", flush=True)
-        self.optimizer = make_optimizer(self.layout.params)
+        self.optimizer, self.order = agreed(self.wire, lambda: stage_optimizer(
+            make_optimizer, self.layout.params), "building its optimizer")
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
         self.step = 0                    # optimizer steps taken
         self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
@@ -173,11 +186,10 @@ class PipelineEngine:
                 grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
             grads = sum_copies(self.wire, grads, self.layout.copies)
             if self.config.clip_grad_norm:
-                world = tuple(range(self.wire.size))
                 grads = clip_by_global_norm(self.wire, grads, self.norm_once,
-                                            self.config.clip_grad_norm, world,
+                                            self.config.clip_grad_norm, self.all_ranks,
                                             self.config.data_parallel)
-            self.update(ms.mutable(grads))
+            self.update(ms.mutable(tuple(grads[k] for k in self.order)))
 
     def step_loss(self, losses, weight):
         """The step's loss on every rank, every rank's losses summed x `weight`; batch norm's
@@ -186,9 +198,8 @@ class PipelineEngine:
         with self.watch.at("the all-reduce of the moving statistics and the loss"):
             if self.layout.buffers and len(replicas) > 1:
                 average_buffers(self.wire, self.layout.buffers, replicas)
-            world = tuple(range(self.wire.size))
-            if len(world) > 1:           # (a wire sums vectors)
-                losses = self.wire.all_reduce(losses.reshape(1), world)
+            if self.wire.size > 1:       # (a wire sums vectors)
+                losses = self.wire.all_reduce(losses.reshape(1), self.all_ranks)
             loss = losses.asnumpy().item() * weight
         self.watch.end(self.schedule)
         if not math.isfinite(loss):      # the same value on every rank: all stop together
@@ -207,11 +218,10 @@ class PipelineEngine:
                       for m in range(len(batch.cut)) for chunk, vs in zip(self.chunks, held))
         return ms.mutable(masks) if any(masks) else masks   # (the graph's variables)
 
+    @contextmanager
     def around(self, schedule, i):
-        stack = ExitStack()
-        stack.enter_context(self.watch.at((schedule, i)))
-        stack.enter_context(self.span(str(schedule.actions[self.stage][i])))
-        return stack
+        with self.watch.at((schedule, i)), self.span(str(schedule.actions[self.stage][i])):
+            yield
 
     def span(self, name):
         return self.tracer.span(name) if self.tracer else nullcontext()
@@ -260,8 +270,7 @@ class PipelineEngine:
             return self.wire.all_reduce(tensor, ranks)
 
     def barrier(self):
-        world = tuple(range(self.wire.size))
-        self.all_reduce("a barrier", ms.Tensor([0], ms.int32), world).asnumpy()
+        self.all_reduce("a barrier", ms.Tensor([0], ms.int32), self.all_ranks).asnumpy()
 
     def save(self, directory, step, meta=None):
         """Checkpoint after `step` steps (pipe.ops.checkpoint): replica 0 writes each

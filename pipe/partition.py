@@ -2,6 +2,7 @@
 import statistics
 import time
 from functools import lru_cache
+from itertools import accumulate
 
 import mindspore as ms
 import numpy as np
@@ -43,9 +44,7 @@ def balance(costs, stages):
     """Sizes of `stages` contiguous groups of `costs` minimising the costliest group: an
     exact dynamic programme over split points, ties to the earlier split."""
     costs = list(costs)
-    prefix = [0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+    prefix = [0, *accumulate(costs)]      # prefix[k]: the cost of costs[:k]
 
     @lru_cache(maxsize=None)
     def best(start, groups):

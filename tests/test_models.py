@@ -81,6 +81,51 @@ def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
                                   "Tensor, not a list: pass np.asarray(inputs)")
 
 
+def decayed(params):
+    """AdamWeightDecay with two parameter groups chosen by whole-model name (weights decay,
+    biases and norms not) and a learning rate schedule: MindSpore orders the groups' parameters
+    group by group, not as they were given."""
+    weights = [p for p in params if p.name.endswith("weight")]
+    others = [p for p in params if not p.name.endswith("weight")]
+    return nn.AdamWeightDecay([{"params": weights, "weight_decay": 0.1}, {"params": others}],
+                              learning_rate=nn.CosineDecayLR(0.0, 0.05, 10))
+
+
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_an_optimizer_with_parameter_groups_steps_as_in_one_process(one_graph):
+    """Each gradient goes to its parameter in the optimizer's own order: bit for bit what
+    TrainOneStepCell does, over 3 steps of the schedule."""
+    def build():
+        ms.set_seed(5)
+        return nn.SequentialCell([nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)])
+    rng = np.random.default_rng(6)
+    x = ms.Tensor(rng.standard_normal((4, 6)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 3, 4).astype(np.int32))
+    whole = build()
+    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), decayed(whole.trainable_params()))
+    pipe = PipelineEngine(build(), LOSS, decayed,
+                          loop_config(batch_size=4, micro_batches=1, one_graph=one_graph))
+    for _ in range(3):
+        step(x, y)
+        pipe.train_step(x, y)
+    want = {p.name: p.asnumpy() for p in whole.get_parameters()}
+    for name, got in pipe.parameters_dict().items():
+        np.testing.assert_array_equal(got.asnumpy(), want[name], err_msg=name)
+
+
+@pytest.mark.parametrize("make,held", [
+    (lambda ps: nn.Adam(ps[:1]), "over 1 parameters, 1 of the 4"),
+    (lambda ps: nn.Adam(list(ps) + nn.Dense(2, 2).trainable_params()), "over 6 parameters, 4 of the 4"),
+])
+def test_an_optimizer_over_other_parameters_than_the_stage_s_is_refused(make, held):
+    """pipe hands the optimizer one gradient for each parameter it gave make_optimizer."""
+    with pytest.raises(ValueError) as err:
+        PipelineEngine(nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)]), LOSS, make,
+                       loop_config(batch_size=4))
+    assert str(err.value) == (f"make_optimizer built an optimizer {held} it was given: build it "
+                              "over exactly those (freeze a weight: requires_grad = False)")
+
+
 def test_a_skip_connection_as_one_layer_is_kept_whole():
     block = Residual([nn.Dense(4, 4)])
     stage = make_chunk([nn.Dense(4, 4), block], is_first=False)

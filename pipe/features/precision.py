@@ -146,16 +146,12 @@ class LossScaler:
         self.clean = 0                   # steps since the last overflow or growth
         self.unscale_cell = Compiled(Unscale(half))
 
-    def inverse(self):
-        """1 / S as a tensor, what `Unscale` multiplies by."""
-        return scalar(1.0 / self.value)
-
     def unscale(self, wire, grads):
         """(`grads` / S, whether the optimizer may step), one all-reduce of the overflow flag
         over every rank; S is updated."""
         flag = ops.zeros(1, ms.float32)
         if grads:
-            grads, flag = self.unscale_cell(ms.mutable(grads), self.inverse())
+            grads, flag = self.unscale_cell(ms.mutable(grads), scalar(1.0 / self.value))
         overflow = bool(wire.all_reduce(flag, tuple(range(wire.size))).asnumpy()[0])
         self.update(overflow)
         return grads, not overflow

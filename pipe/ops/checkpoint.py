@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import mindspore as ms
 
@@ -40,10 +41,7 @@ def _atomic(path, write):
 
 
 def _write_text(path, text):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-    _atomic(path, write)
+    _atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def virtual_stage_file(where, virtual_stage):

@@ -48,8 +48,7 @@ def simulate(schedule, costs=None, eager_sends=False):
     deferred to the flush takes M). Blocking sends (the default) check that it cannot hang;
     `eager_sends` (a send returns at once, its receiver takes it in order) give the timing."""
     costs = {"F": 1.0, "B": 1.0, "I": 1.0, "W": 1.0, **(costs or {})}
-    acts = schedule.actions
-    stages = len(acts)
+    acts, stages = schedule.actions, len(schedule.actions)
     position, clock = [0] * stages, [0.0] * stages
     spans = [[] for _ in range(stages)]
     wires = {}                           # (src, dst) -> [(message key, time sent), ...] in flight
