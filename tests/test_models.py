@@ -91,6 +91,21 @@ def decayed(params):
                               learning_rate=nn.CosineDecayLR(0.0, 0.05, 10))
 
 
+def beside_one_process(build, make_optimizer, rows, **config):
+    """(pipe, TrainOneStepCell's weights by name) after 3 steps on one batch of `rows`
+    samples (6 features, 3 classes), each from a model of `build`."""
+    rng = np.random.default_rng(rows)
+    x = ms.Tensor(rng.standard_normal((rows, 6)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 3, rows).astype(np.int32))
+    whole = build()
+    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), make_optimizer(whole.trainable_params()))
+    pipe = PipelineEngine(build(), LOSS, make_optimizer, loop_config(batch_size=rows, **config))
+    for _ in range(3):
+        step(x, y)
+        pipe.train_step(x, y)
+    return pipe, {p.name: p.asnumpy() for p in whole.get_parameters()}
+
+
 @pytest.mark.parametrize("one_graph", [False, True])
 def test_an_optimizer_with_parameter_groups_steps_as_in_one_process(one_graph):
     """Each gradient goes to its parameter in the optimizer's own order: bit for bit what
@@ -98,17 +113,7 @@ def test_an_optimizer_with_parameter_groups_steps_as_in_one_process(one_graph):
     def build():
         ms.set_seed(5)
         return nn.SequentialCell([nn.Dense(6, 8), nn.LayerNorm((8,)), nn.ReLU(), nn.Dense(8, 3)])
-    rng = np.random.default_rng(6)
-    x = ms.Tensor(rng.standard_normal((4, 6)).astype(np.float32))
-    y = ms.Tensor(rng.integers(0, 3, 4).astype(np.int32))
-    whole = build()
-    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), decayed(whole.trainable_params()))
-    pipe = PipelineEngine(build(), LOSS, decayed,
-                          loop_config(batch_size=4, micro_batches=1, one_graph=one_graph))
-    for _ in range(3):
-        step(x, y)
-        pipe.train_step(x, y)
-    want = {p.name: p.asnumpy() for p in whole.get_parameters()}
+    pipe, want = beside_one_process(build, decayed, 4, micro_batches=1, one_graph=one_graph)
     for name, got in pipe.parameters_dict().items():
         np.testing.assert_array_equal(got.asnumpy(), want[name], err_msg=name)
 
@@ -199,21 +204,12 @@ def frozen_model():
 def test_frozen_weights_stay_and_the_rest_train_as_one_process(one_graph):
     """A parameter MindSpore does not train is kept as batch norm's statistics are (pipe
     cannot tell them apart): unchanged, while the others train as TrainOneStepCell does."""
-    rng = np.random.default_rng(4)
-    x = ms.Tensor(rng.standard_normal((8, 6)).astype(np.float32))
-    y = ms.Tensor(rng.integers(0, 3, 8).astype(np.int32))
-    whole = frozen_model()
-    start = {p.name: p.asnumpy() for p in whole.get_parameters()}
-    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), nn.Adam(whole.trainable_params(), 0.01))
-    pipe = PipelineEngine(frozen_model(), LOSS, lambda ps: nn.Adam(ps, 0.01),
-                          loop_config(batch_size=8, micro_batches=4, one_graph=one_graph))
-    for _ in range(3):
-        step(x, y)
-        pipe.train_step(x, y)
-    want = {p.name: p.asnumpy() for p in whole.get_parameters()}
+    pipe, want = beside_one_process(frozen_model, lambda ps: nn.Adam(ps, 0.01), 8,
+                                    micro_batches=4, one_graph=one_graph)
     for name, got in pipe.parameters_dict().items():
         np.testing.assert_allclose(got.asnumpy(), want[name], rtol=1e-5, atol=1e-7, err_msg=name)
     assert [b.name for b in pipe.layout.buffers] == ["0.weight", "0.bias"]
+    start = {p.name: p.asnumpy() for p in frozen_model().get_parameters()}
     assert all(np.array_equal(want[n], start[n]) for n in ("0.weight", "0.bias"))
 
 
