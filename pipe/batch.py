@@ -7,6 +7,8 @@ import numpy as np
 
 __all__ = ["MicroBatches", "split", "as_tensor", "replica_rows"]
 
+ARRAYS = (np.ndarray, ms.Tensor)
+
 
 @dataclass
 class MicroBatches:
@@ -16,9 +18,9 @@ class MicroBatches:
 
     def __post_init__(self):
         for name, array in zip(("inputs", "labels"), self.source):   # (predict's labels: None)
-            if array is not None and not isinstance(array, (np.ndarray, ms.Tensor)):
+            if array is not None and not isinstance(array, ARRAYS):
                 raise TypeError(f"the batch's {name} must be a numpy array or a MindSpore "
-                                f"Tensor, not a {type(array).__name__}: pass np.asarray({name})")
+                                f"Tensor, not a {type(array).__name__}: pass {fix(name, array)}")
 
     @cached_property
     def inputs(self):
@@ -39,20 +41,28 @@ class MicroBatches:
         return tuple((self.cut[0].stop - self.cut[0].start, *np.shape(a)[1:]) for a in self.source)
 
 
+def fix(name, value):
+    """One array for `value`: several side by side are stacked (pipe cuts one array's rows)."""
+    if isinstance(value, (tuple, list)) and all(isinstance(a, ARRAYS) for a in value):
+        used = "the first layer" if name == "inputs" else "loss_fn"
+        return f"np.stack({name}, axis=1), and take them apart in {used}"
+    return f"np.asarray({name})"
+
+
 def as_tensor(array):
     return array if isinstance(array, ms.Tensor) else ms.Tensor(np.asarray(array))
 
 
 def split(config, inputs, labels, replica):
     """Replica r's M micro-batches: rows [r B/D, (r+1) B/D) of the global batch, in M pieces."""
-    M, D, n = config.micro_batches, config.data_parallel, len(inputs)
-    if n != config.batch_size or len(labels) != n:
-        raise ValueError(f"train_step got {n} inputs and {len(labels)} labels; "
-                         f"batch_size={config.batch_size} is configured")
-    size = config.batch_size // (D * M)
-    first = replica * M
-    return MicroBatches((inputs, labels), [slice((first + m) * size, (first + m + 1) * size)
-                                           for m in range(M)])
+    M, D, n = config.micro_batches, config.data_parallel, config.batch_size
+    size, first = n // (D * M), replica * M
+    batch = MicroBatches((inputs, labels), [slice((first + m) * size, (first + m + 1) * size)
+                                            for m in range(M)])     # (checks they are arrays)
+    if len(inputs) != n or len(labels) != n:
+        raise ValueError(f"train_step got {len(inputs)} inputs and {len(labels)} labels; "
+                         f"batch_size={n} is configured")
+    return batch
 
 
 def replica_rows(batch):

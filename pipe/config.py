@@ -49,9 +49,11 @@ class PipelineConfig:
 
     def check(self):
         """Every mistake that can be found without talking to another rank."""
-        for name in ("chunks_per_stage", "loss_scale_window"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("stages", "data_parallel", "micro_batches", "batch_size", "chunks_per_stage",
+                     "loss_scale_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.device not in ("CPU", "GPU", "Ascend"):
             raise ValueError(f"device={self.device!r} must be 'CPU', 'GPU' or 'Ascend'")
         if not 0 < self.timeout < float("inf"):
@@ -80,13 +82,6 @@ class PipelineConfig:
             if not isinstance(getattr(self, name), (bool, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True, False or None "
                                  "(pipe chooses)")
-        self.check_layout()
-
-    def check_layout(self):
-        for name in ("stages", "data_parallel", "micro_batches", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
         per_step = self.data_parallel * self.micro_batches
         if self.batch_size % per_step:
             raise ValueError(f"batch_size={self.batch_size} cannot be split over data_parallel="

@@ -63,9 +63,10 @@ def test_models_pipe_cannot_split_are_refused(model, message):
     assert str(err.value) == message
 
 
-def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
+def test_an_optimizer_built_and_a_batch_not_one_array_are_refused_with_the_fix():
     """An nn.Optimizer is a Cell, so callable: taken for `make_optimizer`, it was run on the
-    parameters as if they were gradients. A list has no dtype: it failed inside pipe."""
+    parameters as if they were gradients. A list has no dtype: it failed inside pipe. Arrays
+    side by side (ids and a mask) are one array to pipe, which cuts its rows."""
     model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
     with pytest.raises(TypeError) as err:
         PipelineEngine(model, LOSS, nn.Adam(model.trainable_params(), 1e-3),
@@ -79,6 +80,15 @@ def test_an_optimizer_built_and_a_batch_as_a_list_are_refused_with_the_fix():
             call()
         assert str(err.value) == ("the batch's inputs must be a numpy array or a MindSpore "
                                   "Tensor, not a list: pass np.asarray(inputs)")
+    ids, mask = np.zeros((4, 4), np.float32), np.ones((4, 4), np.float32)
+    for call, fix in ((lambda: pipe.train_step((ids, mask), np.zeros(4, np.int32)),
+                       "a tuple: pass np.stack(inputs, axis=1), and take them apart in the first "
+                       "layer"),
+                      (lambda: pipe.train_step(ids, [np.zeros(4, np.int32)] * 2),
+                       "a list: pass np.stack(labels, axis=1), and take them apart in loss_fn")):
+        with pytest.raises(TypeError) as err:      # (before their lengths: 2 rows, it seemed)
+            call()
+        assert str(err.value).split("Tensor, not ")[1] == fix
 
 
 def decayed(params):
@@ -98,7 +108,8 @@ def beside_one_process(build, make_optimizer, rows, **config):
     x = ms.Tensor(rng.standard_normal((rows, 6)).astype(np.float32))
     y = ms.Tensor(rng.integers(0, 3, rows).astype(np.int32))
     whole = build()
-    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), make_optimizer(whole.trainable_params()))
+    optimizer = make_optimizer(whole.trainable_params())
+    step = nn.TrainOneStepCell(nn.WithLossCell(whole, LOSS), optimizer)
     pipe = PipelineEngine(build(), LOSS, make_optimizer, loop_config(batch_size=rows, **config))
     for _ in range(3):
         step(x, y)
@@ -120,7 +131,8 @@ def test_an_optimizer_with_parameter_groups_steps_as_in_one_process(one_graph):
 
 @pytest.mark.parametrize("make,held", [
     (lambda ps: nn.Adam(ps[:1]), "over 1 parameters, 1 of the 4"),
-    (lambda ps: nn.Adam(list(ps) + nn.Dense(2, 2).trainable_params()), "over 6 parameters, 4 of the 4"),
+    (lambda ps: nn.Adam(list(ps) + nn.Dense(2, 2).trainable_params()),
+     "over 6 parameters, 4 of the 4"),
 ])
 def test_an_optimizer_over_other_parameters_than_the_stage_s_is_refused(make, held):
     """pipe hands the optimizer one gradient for each parameter it gave make_optimizer."""

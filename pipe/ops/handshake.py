@@ -168,10 +168,8 @@ def _same(one, other):
 def _first_weight(chunk):
     """(index, first weight) of the first leaf layer with weights: what sets the dtype the
     stage takes."""
-    for k, layer in enumerate(chunk.layers):
-        for p in layer.trainable_params():
-            return k, p
-    return None, None
+    return next(((k, p) for k, layer in enumerate(chunk.layers) for p in layer.trainable_params()),
+                (None, None))
 
 
 def is_half(chunk):
@@ -181,10 +179,8 @@ def is_half(chunk):
 
 def unwired(spec, carried):
     """The index of the first element of `spec` the wire cannot carry, else None."""
-    for k, (_, dtype) in enumerate(elements(spec)):
-        if carrier(dtype) not in carried:
-            return k
-    return None
+    return next((k for k, (_, dtype) in enumerate(elements(spec)) if carrier(dtype) not in carried),
+                None)
 
 
 def mismatched_weights(chunk, spec):
