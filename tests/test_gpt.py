@@ -87,7 +87,7 @@ def test_the_example_with_its_tied_head_trains_like_one_process_and_its_checkpoi
     model = LayerBuilders(layers, SEED).whole()
     names = [p.name for p in model.trainable_params()]
     start = {n: p.asnumpy().copy() for n, p in zip(names, model.trainable_params())}
-    step = ms.nn.TrainOneStepCell(TokenMean(model), ms.nn.Adam(model.trainable_params(), 3e-3))
+    step = ms.nn.TrainOneStepCell(TokenMean(model), gpt.optimizer(model.trainable_params(), 3e-3))
     stream = gpt.batches(gpt.paragraphs(), 8, SEED)
     for _ in range(int(argv["--steps"])):
         step(*map(ms.Tensor, next(stream)))

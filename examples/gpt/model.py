@@ -261,6 +261,15 @@ class TokenLoss(nn.Cell):
         return total, (targets != IGNORE).sum().astype(ms.float32)
 
 
+def optimizer(params, lr):
+    """AdamW as nanoGPT sets it up: weight decay on the matrices (the products and the
+    embedding tables), none on biases and norm gains. Each stage builds it over its own
+    parameters; a stage without one kind leaves that group out (MindSpore refuses it empty)."""
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=lr, beta2=0.95)
+
+
 # ---- the text -----------------------------------------------------------------------------
 def paragraphs(context=max(BUCKETS)):
     """Python's documentation as byte strings of 9 to context + 1 bytes (input and target)."""

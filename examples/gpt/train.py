@@ -53,7 +53,6 @@ if __name__ == "__main__":   # Ctrl-C and the flags handled before MindSpore loa
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
-from mindspore import nn  # noqa: E402
 
 import model  # noqa: E402
 from pipe.engine import PipelineEngine  # noqa: E402
@@ -82,7 +81,7 @@ def train(args, wire=None):
     config = config_from(args, device=device)     # every flag named after a config field
     config.partition = model.even_blocks(args.layers, config.stages * config.chunks_per_stage)
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
-                            lambda params: nn.Adam(params, learning_rate=args.lr), config, wire)
+                            lambda params: model.optimizer(params, args.lr), config, wire)
     say = print if engine.wire.rank == 0 else (lambda *a, **k: None)
     pieces = model.paragraphs()
     say(f"config: {config}\nmodel: GPT, {args.layers} blocks of width {args.width}, layers per "
