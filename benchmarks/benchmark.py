@@ -23,9 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "mnist"))   # the example's model
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
-from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, count, loop_only, positive_int, precision_name,
-                 use_device)
+from cli import (Parser, add_compute_flags, count, loop_only, positive_int,  # noqa: E402
+                 precision_name, use_device)
 from timing import add_profile_flag, add_turn_flags, host_costs, median_windows, turn  # noqa: E402
 
 
@@ -53,9 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--partition", choices=["uniform", "parameters", "time"], default="parameters")
     p.add_argument("--recompute", action="store_true")
     add_profile_flag(p)
-    add_speed_flags(p)
-    add_precision_flag(p)
-    add_memory_plan_flag(p)
+    add_compute_flags(p)
     add_turn_flags(p)
     args = p.parse_args(argv)
     loop_only(p, args, "--trace")

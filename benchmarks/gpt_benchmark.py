@@ -28,9 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import cli  # noqa: E402
-from cli import (Parser, add_memory_plan_flag, add_precision_flag,  # noqa: E402
-                 add_speed_flags, count, loop_only, positive_int, precision_name,
-                 use_device)
+from cli import (Parser, add_compute_flags, count, loop_only, positive_int,  # noqa: E402
+                 precision_name, use_device)
 from timing import add_profile_flag, add_turn_flags, median_windows, turn  # noqa: E402
 
 from pipe.schedules import CHUNKS_PER_STAGE, SCHEDULES  # noqa: E402
@@ -69,9 +68,7 @@ def parse_args(argv=None):
                    help="pipe's loop (--no-one-graph): trace two more steps and add where each "
                         "rank's time goes to --results + '.split' (one line per rank)")
     add_profile_flag(p)
-    add_speed_flags(p)
-    add_precision_flag(p)
-    add_memory_plan_flag(p)
+    add_compute_flags(p)
     add_turn_flags(p)
     args = p.parse_args(argv)
     if args.batch_size % args.micro_batches:

@@ -14,7 +14,7 @@ from pipe.ops.watchdog import is_alike
 from pipe.schedules import SCHEDULES
 
 __all__ = ["Parser", "positive_int", "count", "positive_number", "existing_file", "writable_folder",
-           "add_layout_flags", "add_precision_flag", "add_speed_flags", "add_memory_plan_flag",
+           "add_layout_flags", "add_compute_flags",
            "config_from", "use_device", "plan_memory", "run", "precision_name", "report",
            "launch_rank", "PROGRESS", "BUILDING", "stop_on_ctrl_c", "save"]
 
@@ -98,12 +98,22 @@ def add_layout_flags(parser, batch_size):
     parser.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
 
 
-def add_precision_flag(parser):
-    """--precision fp32 or fp16 (pipe.features.precision); --tf32 on GPU."""
+def add_compute_flags(parser):
+    """How pipe computes: --precision fp32 or fp16 (pipe.features.precision) and --tf32 on
+    GPU; --defer-wgrad and --one-graph, with their --no- forms (without, pipe chooses);
+    --memory-plan (the default) or --no-memory-plan, use_device's `memory_plan`."""
     parser.add_argument("--precision", type=precision, choices=["fp32", "fp16"], default="fp32",
                         help="fp16: float16 compute and messages, float32 weights, loss scaling")
     parser.add_argument("--tf32", action="store_true",
                         help="GPU: float32 matrix products in TF32 (faster, 10-bit mantissa)")
+    parser.add_argument("--defer-wgrad", action=argparse.BooleanOptionalAction, default=None,
+                        help="weight gradients once per step over all micro-batches (default: "
+                             "pipe chooses)")
+    parser.add_argument("--one-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="each step as one compiled graph (default: pipe chooses)")
+    parser.add_argument("--memory-plan", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU: plan each graph's device memory when it compiles (MindSpore's "
+                             "SOMAS): faster launch-bound steps, in fp16 a larger peak")
 
 
 def precision(text):
@@ -119,27 +129,11 @@ def precision_name(args):
     return args.precision + "+tf32" * args.tf32
 
 
-def add_speed_flags(parser):
-    """--defer-wgrad and --one-graph, with their --no- forms; without, pipe chooses."""
-    parser.add_argument("--defer-wgrad", action=argparse.BooleanOptionalAction, default=None,
-                        help="weight gradients once per step over all micro-batches (default: "
-                             "pipe chooses)")
-    parser.add_argument("--one-graph", action=argparse.BooleanOptionalAction, default=None,
-                        help="each step as one compiled graph (default: pipe chooses)")
-
-
 def loop_only(parser, args, flag):
     """Refuses `flag` (one that records each action) unless the loop runs: --no-one-graph."""
     if getattr(args, flag[2:].replace("-", "_")) and args.one_graph is not False:
         parser.error(f"{flag} records each action of the loop, and pipe runs one graph unless "
                      "told: add --no-one-graph")
-
-
-def add_memory_plan_flag(parser):
-    """--memory-plan (the default) and --no-memory-plan: use_device's `memory_plan`."""
-    parser.add_argument("--memory-plan", action=argparse.BooleanOptionalAction, default=True,
-                        help="GPU: plan each graph's device memory when it compiles (MindSpore's "
-                             "SOMAS): faster launch-bound steps, in fp16 a larger peak")
 
 
 def config_from(args, **settings):

@@ -81,16 +81,24 @@ def test_costs_set_the_clock():
     assert timeline.makespan == 9
 
 
+def span(name, rank, start, dur):
+    """One action of a Chrome trace, times in microseconds."""
+    return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
+
+
+def traced(folder, events):
+    """(the trace file of `events`, trace_bubble's spans of it)."""
+    trace = folder / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    return trace, trace_bubble.compute_spans(trace)
+
+
 def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
     """Medians of F, I, W (messages are not compute); the bubble is the stage-time between
     the first and the last compute that none ran: here 2 stages x 11 ms, 12 ms of it busy."""
-    def span(name, rank, start, dur):
-        return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
-    events = [span("F0", 0, 0, 2000), span("sF0", 0, 2000, 500), span("I0", 0, 8000, 2000),
-              span("F0", 1, 3000, 2000), span("I0", 1, 5000, 2000), span("W0", 1, 7000, 4000)]
-    trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"traceEvents": events}))
-    spans = trace_bubble.compute_spans(trace)
+    trace, spans = traced(tmp_path, [
+        span("F0", 0, 0, 2000), span("sF0", 0, 2000, 500), span("I0", 0, 8000, 2000),
+        span("F0", 1, 3000, 2000), span("I0", 1, 5000, 2000), span("W0", 1, 7000, 4000)])
     assert trace_bubble.measured_costs(spans) == (2.0, 2.0, 4.0)
     assert trace_bubble.measured_bubble(spans) == pytest.approx(1 - 12000 / (2 * 11000))
     trace_bubble.main([str(trace), "--schedule", "zb-h1", "--stages", "2", "--micro-batches", "1"])
@@ -101,14 +109,10 @@ def test_a_recorded_trace_gives_costs_and_its_own_bubble(tmp_path, capsys):
 def test_a_deferred_w_in_a_trace_counts_for_every_micro_batch(tmp_path):
     """`W*` ran once for the 2 micro-batches it found forwarded: 6 ms is 3 ms of W each;
     it is compute in the bubble too (2 stages x 14 ms, 22 ms of it busy)."""
-    def span(name, rank, start, dur):
-        return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": dur}
-    events = [span("F0", 0, 0, 2000), span("F1", 0, 2000, 2000), span("I0", 0, 6000, 1000),
-              span("I1", 0, 7000, 1000), span("W*", 0, 8000, 6000),
-              span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)]
-    trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"traceEvents": events}))
-    spans = trace_bubble.compute_spans(trace)
+    _, spans = traced(tmp_path, [
+        span("F0", 0, 0, 2000), span("F1", 0, 2000, 2000), span("I0", 0, 6000, 1000),
+        span("I1", 0, 7000, 1000), span("W*", 0, 8000, 6000),
+        span("F0", 1, 2000, 2000), span("F1", 1, 4000, 2000), span("W*", 1, 8000, 6000)])
     assert trace_bubble.measured_costs(spans) == (2.0, 1.0, 3.0)
     assert trace_bubble.measured_bubble(spans) == pytest.approx(1 - 22000 / (2 * 14000))
 

@@ -16,16 +16,15 @@ import time
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own module
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import (BUILDING, PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                 add_precision_flag, add_speed_flags, config_from, count, positive_int,
-                 positive_number, run, save, stop_on_ctrl_c, use_device, writable_folder)
+from cli import (BUILDING, PROGRESS, Parser, add_compute_flags, add_layout_flags,  # noqa: E402
+                 config_from, count, positive_int, positive_number, run, save, stop_on_ctrl_c,
+                 use_device, writable_folder)
 
 
 def parser():
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=32)
-    add_precision_flag(p)
-    add_speed_flags(p)
+    add_compute_flags(p)
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
     p.add_argument("--width", type=positive_int, default=64, help="model width (4 heads)")
     p.add_argument("--steps", type=positive_int, default=300)
@@ -34,7 +33,6 @@ def parser():
     p.add_argument("--sample", type=count, default=80, metavar="N", help="bytes to generate at the end")
     p.add_argument("--save", type=writable_folder, metavar="DIR", help="checkpoint here at the end")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
-    add_memory_plan_flag(p)
     p.add_argument("--log-every", type=positive_int, default=25)
     return p
 

