@@ -68,8 +68,8 @@ def defer_rule(config, facts):
     if config.recompute:
         return False, "recompute: deferring would keep every micro-batch's inputs to the end"
     if facts.buffers:
-        return False, ("a parameter is not trained (batch norm's statistics; a frozen weight "
-                       "alike): one weight gradient over all rows would mix batch norm's")
+        return False, ("a parameter is not trained (batch norm's statistics, or a frozen "
+                       "weight): one weight gradient over all rows would mix the statistics")
     if facts.composite:
         return False, ("a layer with weights is not an nn.Dense: one product over all rows "
                        "gains on plain products only")

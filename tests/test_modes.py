@@ -15,8 +15,8 @@ from pipe.modes import ONE_CALL, Facts, Modes, decide, is_composite
 from pipe.schedules import EVERY
 
 DEFERRED = "one product per layer over every micro-batch's rows"
-BUFFERS = ("a parameter is not trained (batch norm's statistics; a frozen weight alike): one "
-           "weight gradient over all rows would mix batch norm's")
+BUFFERS = ("a parameter is not trained (batch norm's statistics, or a frozen weight): one "
+           "weight gradient over all rows would mix the statistics")
 DENSE = Facts(buffers=False, composite=False)
 
 
