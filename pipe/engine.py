@@ -81,6 +81,10 @@ class PipelineEngine:
             if isinstance(make_optimizer, ms.nn.Cell):     # (a Cell is callable: it would step)
                 raise TypeError(f"make_optimizer is an optimizer ({make_optimizer.cls_name}): "
                                 "pass a function of a stage's parameters, lambda ps: nn.Adam(ps)")
+            weights = loss_fn.trainable_params() if isinstance(loss_fn, ms.nn.Cell) else []
+            if weights:                                    # (one process would train them)
+                raise TypeError(f"loss_fn holds weights ('{weights[0].name}') pipe would not train "
+                                "(it trains the model's layers): move them into the last layer")
         self.config = config = replace(config)     # this engine's copy
         self.loss_fn, self.sample = loss_fn, sample
         self.wire = wire or connect(config.device, config.timeout)

@@ -7,7 +7,8 @@ import numpy as np
 
 __all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "MpiWire",
            "MindSporeWire", "SoloWire", "PointToPoint", "Parts", "spec_of", "example",
-           "write_header", "read_header", "elements", "travels", "carrier", "sum_over"]
+           "write_header", "read_header", "elements", "tensors_in", "travels", "carrier",
+           "sum_over"]
 
 # The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
@@ -129,6 +130,13 @@ def spec_of(value):
     if isinstance(value, tuple):
         return Parts(spec_of(v) for v in value)
     return tuple(value.shape), value.dtype
+
+
+def tensors_in(value):
+    """The tensors of `value`, nested tuples and lists flattened, in order."""
+    if isinstance(value, (tuple, list)):
+        return [t for part in value for t in tensors_in(part)]
+    return [value] if isinstance(value, ms.Tensor) else []
 
 
 def example(spec):

@@ -91,6 +91,26 @@ def test_an_optimizer_built_and_a_batch_not_one_array_are_refused_with_the_fix()
         assert str(err.value).split("Tensor, not ")[1] == fix
 
 
+class Tempered(nn.Cell):
+    """Cross entropy of logits / t, t learned: one process trains t with the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = ms.Parameter(ms.Tensor(1.0, ms.float32), name="t")
+
+    def construct(self, logits, labels):
+        return LOSS(logits / self.t, labels)
+
+
+def test_a_loss_with_weights_is_refused():
+    """pipe steps the model's layers' parameters, never the loss's: they stayed put."""
+    with pytest.raises(TypeError) as err:
+        PipelineEngine(nn.SequentialCell([nn.Dense(4, 3)]), Tempered(), lambda ps: nn.SGD(ps),
+                       loop_config(batch_size=4))
+    assert str(err.value) == ("loss_fn holds weights ('t') pipe would not train (it trains the "
+                              "model's layers): move them into the last layer")
+
+
 def decayed(params):
     """AdamWeightDecay with two parameter groups chosen by whole-model name (weights decay,
     biases and norms not) and a learning rate schedule: MindSpore orders the groups' parameters

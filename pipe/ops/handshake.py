@@ -18,7 +18,7 @@ from pipe.features.precision import computes_half
 from pipe.layers import arguments, variable
 from pipe.ops.watchdog import PeerFailed, alike, first_line
 from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
-                       spec_of, write_header)
+                       spec_of, tensors_in, write_header)
 
 __all__ = ["connect_stages", "StageCheck", "Refused", "unwired", "agreed", "probe",
            "describe_layer"]
@@ -152,16 +152,10 @@ def _spec(x):
     return f"a {type(x).__name__}"
 
 
-def _flat(out):
-    if isinstance(out, (tuple, list)):
-        return [t for part in out for t in _flat(part)]
-    return [out]
-
-
 def _same(one, other):
     """Whether two runs' outputs are equal bit for bit (NaN equal to NaN)."""
     return all(np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True)
-               for a, b in zip(_flat(one), _flat(other)))
+               for a, b in zip(tensors_in(one), tensors_in(other)))
 
 
 # ---- what went wrong, in words ---------------------------------------------------------

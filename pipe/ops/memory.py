@@ -1,13 +1,7 @@
 """How many bytes of activations a rank holds in flight, and the most it held at once."""
-import mindspore as ms
+from pipe.wire import tensors_in
 
 __all__ = ["Memory", "Held"]
-
-
-def _tensors(entry):
-    if isinstance(entry, (tuple, list)):
-        return [t for part in entry for t in _tensors(part)]
-    return [entry] if isinstance(entry, ms.Tensor) else []
 
 
 class Memory:
@@ -37,7 +31,7 @@ class Held(dict):
             return 0
         where = (self.name, key)
         if where not in self.memory.sizes:
-            self.memory.sizes[where] = sum(t.nbytes for t in _tensors(entry))
+            self.memory.sizes[where] = sum(t.nbytes for t in tensors_in(entry))
         return self.memory.sizes[where]
 
     def __setitem__(self, key, entry):
