@@ -345,17 +345,21 @@ AVERAGED = ("; return the mean over the rows (reduction='mean'), or (sum, count)
     (nn.SoftmaxCrossEntropyWithLogits(sparse=True),        # (reduction='none': one per row)
      "loss_fn gives a loss of shape (2,), not one number" + AVERAGED),
     (nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
-     "loss_fn gives 2.19722 on a micro-batch's rows, 4.39445 on them twice: not their mean (a "
-     "sum?)" + AVERAGED),
+     "loss_fn gives 3.25425 on 3 rows, where their own losses' mean is 1.08475: not their mean "
+     "(a sum, or a mean over the targets it counts?)" + AVERAGED),
+    (nn.CrossEntropyLoss(weight=ms.Tensor([1.0, 2.0, 3.0])),  # (rows weighed by their class)
+     "loss_fn gives 0.962817 on 3 rows, where their own losses' mean is 1.08475: not their mean "
+     "(a sum, or a mean over the targets it counts?)" + AVERAGED),
 ])
 def test_a_loss_pipe_cannot_average_as_one_process_is_refused(loss_fn, message):
-    """A loss per row, or summed over the rows: pipe's mean of the micro-batches' losses
-    would train another model than one process (the gradients M times smaller for a sum)."""
+    """A loss per row, summed over the rows, or a mean that weighs rows unequally (over the
+    targets it counts): pipe's mean of the micro-batches' losses would train another model
+    than one process (the gradients M times smaller for a sum). Found on random logits."""
     model = nn.SequentialCell([nn.Dense(4, 4), nn.Dense(4, 3)])
     engine = PipelineEngine(model, loss_fn, lambda ps: nn.SGD(ps, 0.1),
                             loop_config(batch_size=4, micro_batches=2))
     with pytest.raises(RuntimeError) as err:
-        engine.train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+        engine.train_step(np.ones((4, 4), np.float32), np.array([0, 2, 1, 0], np.int32))
     assert str(err.value).splitlines()[0] == (
         "check before the first step failed: stage 0 (layers 0 to 1) failed on the input batch, "
         "of shape (2, 4) Float32: " + message)

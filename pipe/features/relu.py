@@ -50,9 +50,8 @@ def uses_output(chunk, i):
     """Whether leaf layer i is a ReLU whose backward runs at its output; not in fp16 where its
     input may be float32 (the chunk's input, a batch norm's output)."""
     layers = chunk.layers
-    if not is_relu(layers[i]):
-        return False
-    return not (computes_half(layers[i]) and (i == 0 or bool(norms(layers[i - 1]))))
+    half_input = computes_half(layers[i]) and (i == 0 or bool(norms(layers[i - 1])))
+    return is_relu(layers[i]) and not half_input
 
 
 def forward_piece(chunk, i, piece):
@@ -60,8 +59,7 @@ def forward_piece(chunk, i, piece):
     if not uses_output(chunk, i):
         return piece
     layers = chunk.layers
-    following = layers[i + 1] if i + 1 < len(layers) else None
-    shares = following is not None and not is_dropout(following)
+    shares = i + 1 < len(layers) and not is_dropout(layers[i + 1])   # (a layer keeps it)
     return SharesOutput(layers[i]) if shares else KeepOutput(layers[i])
 
 

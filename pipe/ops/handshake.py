@@ -79,23 +79,24 @@ def probe(chunk, x, labels, training=True, runs=2):
 
 def check_loss(loss_fn, logits_spec, labels):
     """Whether `loss_fn` returns (sum, count); refused if its count changes with the logits,
-    or if it is not one number, the mean over the rows (what pipe's mean of means needs)."""
-    zeros = ops.zeros(*logits_spec)
-    loss = loss_fn(zeros, labels)
+    or if it is not one number, the mean over the rows (what pipe's mean of means needs):
+    on up to 8 rows of random logits, row 0 twice, it must give the mean of each row's."""
+    other = ms.Tensor(np.random.default_rng(0).standard_normal(logits_spec[0]), logits_spec[1])
+    loss = loss_fn(ops.zeros(*logits_spec), labels)
     if isinstance(loss, tuple):
-        other = ms.Tensor(np.random.default_rng(0).standard_normal(logits_spec[0]), logits_spec[1])
         counts = (float(loss[1].asnumpy()), float(loss_fn(other, labels)[1].asnumpy()))
         if counts[0] != counts[1]:
             raise Refused("loss_fn returns (sum, count) and its count changes with the logits "
                           "({:g} for zero logits, {:g} for others): pipe counts on the labels, "
                           "before the first backward; make the count theirs alone".format(*counts))
         return True
-    one = loss.asnumpy()
-    twice = loss_fn(ops.concat((zeros, zeros)), ops.concat((labels, labels))).asnumpy()
-    if one.size != 1 or not np.isclose(twice.item(), one.item(), rtol=1e-2):
-        what = (f"a loss of shape {one.shape}, not one number" if one.size != 1 else
-                f"{one.item():g} on a micro-batch's rows, {twice.item():g} on them twice: not "
-                "their mean (a sum?)")
+    rows = [0] + list(range(min(len(labels), 8)))
+    each = np.mean([loss_fn(other[i:i + 1], labels[i:i + 1]).asnumpy() for i in rows])
+    together = loss_fn(*[ops.concat([t[i:i + 1] for i in rows]) for t in (other, labels)])
+    if loss.size != 1 or not np.isclose(together.asnumpy().item(), each, rtol=1e-4):
+        what = (f"a loss of shape {loss.shape}, not one number" if loss.size != 1 else
+                f"{together.asnumpy().item():g} on {len(rows)} rows, where their own losses' "
+                f"mean is {each:g}: not their mean (a sum, or a mean over the targets it counts?)")
         raise Refused(f"loss_fn gives {what}; return the mean over the rows (reduction='mean'), "
                       "or (sum, count) for a token mean: pipe averages the micro-batches' "
                       "losses, which is one process's only for a mean")
