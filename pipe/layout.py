@@ -160,8 +160,7 @@ def build_layout(model, loss_fn, config, rank, costs):
         names.append(chunk_names)
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
-            # the stage's wrapper cells renamed it; optimizers want unique names
-            p.name = name
+            p.name = name        # (the stage's cells renamed it; optimizers want unique names)
     refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
     tied = tied_weights(
         model, all_bounds, distinct_params(chunks),

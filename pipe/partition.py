@@ -20,8 +20,7 @@ def check_model(model):
     if not isinstance(model, nn.SequentialCell):
         raise TypeError(f"pipe splits an nn.SequentialCell into stages, layer by layer; the model "
                         f"is a {name}: list its layers in an nn.SequentialCell")
-    # (pipe's own chains as pipe does)
-    if not (is_plain_sequence(model) or type(model) is Sequential):
+    if not (is_plain_sequence(model) or type(model) is Sequential):   # (pipe's own: it chains)
         raise TypeError(f"the model is a {name}, a SequentialCell subclass with its own construct: "
                         "pipe would split it by its children and skip that construct; wrap the "
                         "block with the skip connection as one layer of a plain nn.SequentialCell")

@@ -229,8 +229,7 @@ def dualpipe_v(stages, micro_batches):
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
              "zb-h1": zb_h1, "zb-v": zb_v, "dualpipe-v": dualpipe_v}
-# default chunks per stage; else 1
-CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}
+CHUNKS_PER_STAGE = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2}     # (others: 1)
 
 
 def with_deferred_wgrad(schedule):

@@ -365,6 +365,31 @@ def test_a_loss_pipe_cannot_average_as_one_process_is_refused(loss_fn, message):
         "of shape (2, 4) Float32: " + message)
 
 
+class WithAux(nn.Cell):
+    """(logits, an auxiliary value per row): a tuple as the model's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(4, 3)
+
+    def construct(self, x):
+        logits = self.dense(x)
+        return logits, (logits ** 2).mean(axis=1)
+
+
+def test_a_tuple_as_the_model_s_output_is_refused_before_a_compile():
+    """The last chunk's backward starts from d loss / d logits, one tensor: a tuple failed
+    in MindSpore's compile (a Stack of the tuple's gradients)."""
+    model = nn.SequentialCell([nn.Dense(4, 4), WithAux()])
+    with pytest.raises(RuntimeError) as err:
+        engine(model, micro_batches=2).train_step(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+    assert str(err.value).splitlines()[0] == (
+        "check before the first step failed: stage 0 (layers 0 to 1) failed on the input batch, "
+        "of shape (2, 4) Float32: loss_fn, given logits of a tuple of 2 (shape (2, 3) Float32, "
+        "shape (2,) Float32) and labels of shape (2,) Int32, raised Refused: the model's output "
+        "must be one tensor, the logits: return them alone from its last layer")
+
+
 class Float32Logits(nn.Cell):
     """A loss that takes float32 logits only, as MindSpore's GPU cross entropy kernels do."""
 

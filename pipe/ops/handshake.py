@@ -135,8 +135,11 @@ def locate_failure(chunk, x, labels):
                 return k, f"{describe_layer(chunk, k)}, given {_spec(x)}", error
             x = y
         if chunk.is_last and labels is not None:
-            x = x.astype(ms.float32) if is_half(chunk) else x    # (as the step: LogitsAsFloat32)
             try:
+                if isinstance(x, tuple):     # (the backward starts from one tensor's gradient)
+                    raise Refused("the model's output must be one tensor, the logits: return "
+                                  "them alone from its last layer")
+                x = x.astype(ms.float32) if is_half(chunk) else x    # (as LogitsAsFloat32)
                 chunk.loss_fn(x, labels)
             except Exception as error:
                 return len(chunk.layers), (f"loss_fn, given logits of {_spec(x)} and labels "
