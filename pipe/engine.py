@@ -103,7 +103,7 @@ class PipelineEngine:
             make_optimizer, self.layout.params), "building its optimizer")
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
         self.step = 0                    # optimizer steps taken
-        self.norm_once = self.layout.norm_once   # a tied weight adds to the norm on one rank
+        self.mean_weight = 1.0 / (config.micro_batches * config.data_parallel)  # the mean of means
         self.watch = Watch(self.wire, self.stage, self.replica, config.timeout)
         self.output_spec = None          # the model's output (shape, dtype), as last agreed
         self.built = {}                  # batch shapes -> Built: agreed and built once each
@@ -129,11 +129,6 @@ class PipelineEngine:
         weight = self.loss_weight(count)              # what each micro-batch's loss counts
         self.update_weights(grads)
         return self.step_loss(losses, weight)
-
-    @property
-    def mean_weight(self):
-        """A scalar loss's weight: 1/(M x D), the mean of the micro-batch means."""
-        return 1.0 / (self.config.micro_batches * self.config.data_parallel)
 
     def loss_weight(self, count):
         """What each micro-batch's loss counts in the step's loss: `mean_weight`, or
@@ -190,7 +185,7 @@ class PipelineEngine:
                 grads = fold_repeats(grads, self.layout.repeats, len(self.layout.params))
             grads = sum_copies(self.wire, grads, self.layout.copies)
             if self.config.clip_grad_norm:
-                grads = clip_by_global_norm(self.wire, grads, self.norm_once,
+                grads = clip_by_global_norm(self.wire, grads, self.layout.norm_once,
                                             self.config.clip_grad_norm, self.all_ranks,
                                             self.config.data_parallel)
             self.update(ms.mutable(tuple(grads[k] for k in self.order)))

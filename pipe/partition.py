@@ -130,11 +130,17 @@ def stage_bounds(model: nn.SequentialCell, stages: int, method="uniform", chunks
 
 def whole_model_names(model):
     """{id(parameter): its name in the whole `model`} as MindSpore's checkpoints name it
-    (`3.weight`); a weight reachable by several paths takes the last cell's, as MindSpore's."""
+    (`3.weight`); a weight reachable by several paths (a tied weight, a cell used twice)
+    takes the last one's, as MindSpore's."""
     paths = {}
-    for cell_path, cell in model.cells_and_names():
+
+    def walk(cell, path):                # (not cells_and_names: it gives a shared cell once)
         for name, p in cell.parameters_and_names(expand=False):
-            paths.setdefault(id(p), []).append(f"{cell_path}.{name}" if cell_path else name)
+            paths.setdefault(id(p), []).append(path + name)
+        for name, child in cell.name_cells().items():
+            walk(child, f"{path}{name}.")
+    for name, layer in model.name_cells().items():      # (a SequentialCell's, or the builders')
+        walk(layer, f"{name}.")
     return {key: found[-1] for key, found in paths.items()}
 
 

@@ -44,9 +44,8 @@ class Step(nn.Cell):
         return loss_sum(state["outputs"]), self.actions.summed(state), state["done"], count
 
     def prepare(self, *inputs):
-        """Compile the graph for these inputs without running it (what a `jit` call does first)."""
-        if self.one_graph:
-            self.graph.compile("run", *inputs)
+        """Compile the graph (one_graph) for these inputs without running it, as a call would."""
+        self.graph.compile("run", *inputs)
 
     def cut(self, rows):
         """The replica's rows as its micro-batches (one: the rows themselves, no operator)."""

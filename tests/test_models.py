@@ -137,6 +137,32 @@ def beside_one_process(build, make_optimizer, rows, **config):
     return pipe, {p.name: p.asnumpy() for p in whole.get_parameters()}
 
 
+class Squashed(nn.Cell):
+    """tanh(dense(x)) of a Dense given to it: two of them may share one."""
+
+    def __init__(self, dense):
+        super().__init__()
+        self.dense = dense
+
+    def construct(self, x):
+        return ops.tanh(self.dense(x))
+
+
+def test_a_cell_used_twice_trains_as_one_process_and_keeps_mindspore_s_name(tmp_path):
+    """Its weight takes the name of the last place it is used (`2.dense.weight`), as
+    MindSpore's own checkpoints name it: model.ckpt loads whole into the unsplit model."""
+    def build():
+        ms.set_seed(3)
+        shared = nn.Dense(8, 8)
+        return nn.SequentialCell([nn.Dense(6, 8), Squashed(shared), Squashed(shared), nn.Dense(8, 3)])
+    pipe, want = beside_one_process(build, lambda ps: nn.SGD(ps, 0.5), 4, micro_batches=2)
+    assert sorted(pipe.parameters_dict()) == sorted(want)
+    for name, got in pipe.parameters_dict().items():
+        np.testing.assert_allclose(got.asnumpy(), want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    pipe.save(str(tmp_path), 3)
+    assert ms.load_param_into_net(build(), ms.load_checkpoint(str(tmp_path / "model.ckpt"))) == ([], [])
+
+
 @pytest.mark.parametrize("one_graph", [False, True])
 def test_an_optimizer_with_parameter_groups_steps_as_in_one_process(one_graph):
     """Each gradient goes to its parameter in the optimizer's own order: bit for bit what

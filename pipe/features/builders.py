@@ -100,11 +100,9 @@ class LayerBuilders:
             raise TypeError(f"layer builder {i} returned a layer with parameter {p.name!r}, "
                             f"which {held}: {NOT_NEW}")
 
-    def cells_and_names(self):
-        """The built layers and their cells, named by their paths in the whole model."""
-        for i in sorted(self.built):
-            for name, cell in self.built[i].cells_and_names():
-                yield (f"{i}.{name}" if name else str(i)), cell
+    def name_cells(self):
+        """The built layers by index, as an nn.SequentialCell names its layers."""
+        return {str(i): self.built[i] for i in sorted(self.built)}
 
     def whole(self):
         """Every layer built, as the model one process would train (pipe.layers.Sequential)."""
