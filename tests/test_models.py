@@ -416,6 +416,39 @@ def test_a_tuple_as_the_model_s_output_is_refused_before_a_compile():
         "must be one tensor, the logits: return them alone from its last layer")
 
 
+class Tokens(nn.Cell):
+    """(B, T, V) -> (B x T, V): logits per token, the labels (B, T) flattened by the loss."""
+
+    def construct(self, x):
+        return x.reshape(-1, x.shape[-1])
+
+
+class TokenMean(nn.Cell):
+    """Cross entropy over the tokens: labels (B, T) flattened to the logits' rows."""
+
+    def construct(self, logits, labels):
+        return LOSS(logits, labels.reshape(-1))
+
+
+def test_a_mean_over_tokens_a_model_flattens_passes_the_check_and_trains_as_one_process():
+    """The check takes a label row's logits rows with it (here T of them)."""
+    def build():
+        ms.set_seed(4)
+        return nn.SequentialCell([nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 5), Tokens()])
+    x = ms.Tensor(np.random.default_rng(5).standard_normal((4, 3, 4)).astype(np.float32))
+    y = ms.Tensor((np.arange(12) % 5).reshape(4, 3).astype(np.int32))
+    whole = build()
+    step = nn.TrainOneStepCell(nn.WithLossCell(whole, TokenMean()),
+                               nn.SGD(whole.trainable_params(), 0.5))
+    pipe = PipelineEngine(build(), TokenMean(), lambda ps: nn.SGD(ps, 0.5),
+                          loop_config(batch_size=4, micro_batches=2))
+    for _ in range(2):
+        step(x, y)
+        pipe.train_step(x, y)
+    for got, want in zip(pipe.layout.params, whole.trainable_params()):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-7)
+
+
 class Float32Logits(nn.Cell):
     """A loss that takes float32 logits only, as MindSpore's GPU cross entropy kernels do."""
 

@@ -90,9 +90,12 @@ def check_loss(loss_fn, logits_spec, labels):
                           "({:g} for zero logits, {:g} for others): pipe counts on the labels, "
                           "before the first backward; make the count theirs alone".format(*counts))
         return True
-    rows = [0] + list(range(min(len(labels), 8)))
-    each = np.mean([loss_fn(other[i:i + 1], labels[i:i + 1]).asnumpy() for i in rows])
-    together = loss_fn(*[ops.concat([t[i:i + 1] for i in rows]) for t in (other, labels)])
+    rows, per = [0] + list(range(min(len(labels), 8))), len(other) // len(labels)
+
+    def row(i):                          # (logits rows per label row: a model may flatten)
+        return other[i * per:(i + 1) * per], labels[i:i + 1]
+    each = np.mean([loss_fn(*row(i)).asnumpy() for i in rows])
+    together = loss_fn(*[ops.concat(parts) for parts in zip(*map(row, rows))])
     if loss.size != 1 or not np.isclose(together.asnumpy().item(), each, rtol=1e-4):
         what = (f"a loss of shape {loss.shape}, not one number" if loss.size != 1 else
                 f"{together.asnumpy().item():g} on {len(rows)} rows, where their own losses' "
