@@ -28,7 +28,7 @@ from pipe.layout import plan
 from pipe.ops import checkpoint, predict
 from pipe.ops.deadlines import connect
 from pipe.ops.handshake import StageCheck, agreed, connect_stages
-from pipe.ops.memory import Memory
+from pipe.ops.memory import Held, Memory
 from pipe.ops.watchdog import (PipelineError, Watch, WireTimeout, alike_on_every_rank,
                                end_job_on_uncaught)
 from pipe.step import Step
@@ -68,6 +68,18 @@ def stage_optimizer(make_optimizer, params):
     return optimizer, order
 
 
+def same_start(wire, layout):
+    """Every copy of a weight starts as its first holder's (replica 0; a tied weight's first
+    stage), as torch's DDP broadcasts: a model built unseeded differs per rank."""
+    first = float(layout.replica == 0)
+    values = sum_over(wire, [p.value() * first for p in layout.params],
+                      layout.topo.data_parallel_ranks(layout.stage))
+    owner = {k: float(wire.rank == min(ranks)) for k, ranks in layout.copies.items()}
+    values = sum_copies(wire, [v * owner.get(k, 1.0) for k, v in enumerate(values)], layout.copies)
+    for p, value in zip(layout.params, values):
+        p.set_data(value)
+
+
 class PipelineEngine:
     """Runs one rank's share of pipeline-parallel training.
 
@@ -99,6 +111,7 @@ class PipelineEngine:
         self.modes = self.layout.modes   # how every step runs (pipe.modes)
         if self.modes.why and self.wire.rank == 0:
             print(f"pipe: {self.modes}", flush=True)
+        same_start(self.wire, self.layout)
         self.optimizer, self.order = agreed(self.wire, lambda: stage_optimizer(
             make_optimizer, self.layout.params), "building its optimizer")
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
@@ -253,16 +266,13 @@ class PipelineEngine:
         the loop, each action watched and its bytes in flight counted."""
         if self.modes.one_graph:
             return Step(Actions(self.layout, p2p, compiled=True), counter, one_graph=True)
-        stores = (lambda: (self.memory.store("kept", batch.shapes),
-                           self.memory.store("waiting", batch.shapes)))
+        stores = (lambda: (Held(self.memory, ("kept", batch.shapes)),
+                           Held(self.memory, ("waiting", batch.shapes))))
         return Step(Loop(self.layout, p2p, stores, lambda i: self.around(self.schedule, i)),
                     counter, one_graph=False)
 
     # ---- beyond the step --------------------------------------------------------------
-    def predict(self, inputs, broadcast=True):
-        """The model's outputs on `inputs` as numpy, on every rank (or only the last stage
-        when `broadcast` is off): pipe.ops.predict."""
-        return predict.predict(self, inputs, broadcast)
+    predict = predict.predict            # (pipe.ops.predict)
 
     def all_reduce(self, what, tensor, ranks):
         with self.watch.reported(what, catch=WireTimeout):

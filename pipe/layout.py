@@ -35,23 +35,19 @@ class Layout:
     config: object       # the PipelineConfig it was built from
     topo: Topology
     rank: int
+    stage: int
+    replica: int
     schedule: object     # this step's Schedule (lowered: with its messages)
     forward_only: object  # the Schedule predict runs
     all_bounds: list     # [first, last) layers of every virtual stage
     chunks: list         # this rank's Chunk per model chunk
+    virtual_stages_held: list    # the virtual stage of each
     bounds: list         # their [first, last) layers
+    buffers: list        # their buffers (pipe.layers.buffers_of), each chunk's in turn
     names: list          # per chunk: the whole-model names of its parameters, then buffers
     tied: dict           # index into `params` -> every rank holding a copy of that weight
     keep: object         # what F keeps for the backward (pipe.actions.KeepResiduals)
     modes: Modes         # how the step runs (pipe.modes), decided before the schedule is made
-
-    @property
-    def stage(self):
-        return self.topo.stage_of(self.rank)
-
-    @property
-    def replica(self):
-        return self.topo.replica_of(self.rank)
 
     @cached_property                     # (the chunks are fixed: read every step)
     def params(self):
@@ -65,15 +61,6 @@ class Layout:
         index = {id(p): k for k, p in enumerate(self.params)}
         positions = [index[id(p)] for chunk in self.chunks for p in chunk.params]
         return positions if len(positions) > len(self.params) else None
-
-    @cached_property
-    def buffers(self):
-        return [b for chunk in self.chunks for b in chunk.buffers]
-
-    @property
-    def virtual_stages_held(self):
-        """The virtual stage of each of this rank's chunks."""
-        return [self.schedule.virtual_stage(self.stage, c) for c in range(len(self.chunks))]
 
     @cached_property
     def copies(self):
@@ -148,9 +135,10 @@ def build_layout(model, loss_fn, config, rank, costs):
     schedule = make_schedule(config.schedule, P, M, v)     # where each chunk runs
     V, stage = schedule.virtual_stages, topo.stage_of(rank)
     all_bounds = stage_bounds(model, P, costs, chunks_per_stage=v)
-    chunks, bounds, names = [], [], []
+    chunks, bounds, names, held = [], [], [], []
     for c in range(v):
         vs = schedule.virtual_stage(stage, c)
+        held.append(vs)
         layers, chunk_names = partition(model, all_bounds[vs])
         for i, layer in enumerate(layers, all_bounds[vs][0]):
             check_layer_precision(i, layer, config.precision)
@@ -161,11 +149,13 @@ def build_layout(model, loss_fn, config, rank, costs):
     for chunk, chunk_names in zip(chunks, names):
         for p, name in zip(chunk.state, chunk_names):
             p.name = name        # (the stage's cells renamed it; optimizers want unique names)
-    refuse_deferred(config, [b for chunk in chunks for b in chunk.buffers])
+    buffers = [b for chunk in chunks for b in chunk.buffers]
+    refuse_deferred(config, buffers)
     tied = tied_weights(
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     keep = Recompute() if config.recompute else KeepResiduals()
-    return dict(topo=topo, rank=rank, forward_only=forward_only(schedule),
-                all_bounds=all_bounds, chunks=chunks, bounds=bounds, names=names, tied=tied,
-                keep=keep)
+    return dict(topo=topo, rank=rank, stage=stage, replica=topo.replica_of(rank),
+                forward_only=forward_only(schedule), all_bounds=all_bounds, chunks=chunks,
+                virtual_stages_held=held, bounds=bounds, buffers=buffers, names=names,
+                tied=tied, keep=keep)

@@ -166,7 +166,8 @@ def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
     "builders": the model as layer builders, "batch_norm": its first with batch norm,
     "padded": a (sum, count) loss, "count_held": count the model parameters this rank
-    holds}) on the ranks of `communicator`; saves the
+    holds, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
+    of `communicator`; saves the
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
@@ -177,8 +178,10 @@ def pipe_run(spec, communicator):
     sample = data[0][0][:BATCH // (config.data_parallel * config.micro_batches)]
     count = spec.get("count_held", False)   # (two full garbage collections: asked for)
     before = model_parameters_held() if count else 0    # earlier runs here may hold theirs
+    replica = communicator.Get_rank() // config.stages if spec.get("replica_seeds") else 0
     model = (layer_builders(spec.get("batch_norm", False)) if spec.get("builders") else
-             dropout_model(spec["seed"]) if spec.get("dropout") else build_model(spec["seed"]))
+             dropout_model(spec["seed"]) if spec.get("dropout") else
+             build_model(spec["seed"] + replica))        # (replica_seeds: each its own weights)
     engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)

@@ -15,7 +15,7 @@ from pipe.features.recompute import Recompute
 from pipe.layout import make_chunk
 from pipe.features.dropout import MaskDraw
 from pipe.ops.handshake import probe
-from pipe.ops.memory import Memory
+from pipe.ops.memory import Held, Memory
 from pipe.schedule import lower, one_f_one_b
 from pipe.schedules import EVERY
 from pipe.split_backward import rows_of
@@ -146,7 +146,7 @@ def test_a_dense_relu_pair_keeps_one_tensor():
     assert make_chunk([nn.Dense(6, 8), nn.ReLU()]).residual_of == [0, 1]              # last: its own
     assert make_chunk([nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(8, 3)]).residual_of == [0, 1, 2]
     actions, memory = handlers(make_chunk(layers, is_first=False)), Memory()
-    state = forward(actions, actions.start(memory.store("kept", None), {}), 0, tensor(4, 6))
+    state = forward(actions, actions.start(Held(memory, ("kept", None)), {}), 0, tensor(4, 6))
     assert len(state["kept"][0][0]) == 3
     assert memory.peak == 4 * (4 * 6 + 4 * 8 + 4 * 8)            # inputs of the 3 Dense layers
 
@@ -258,7 +258,7 @@ def test_held_bytes_are_read_once_per_step_shapes():
     what it added."""
     actions, memory = handlers(make_chunk([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)], is_first=False)), Memory()
     for rows in (4, 2, 4):
-        state = actions.start(memory.store("kept", ((rows, 6), (rows,))), {})
+        state = actions.start(Held(memory, ("kept", ((rows, 6), (rows,)))), {})
         state = forward(actions, state, 0, tensor(rows, 6))
         assert memory.held == 4 * rows * (6 + 8)              # the two Dense layers' inputs
         take(state["kept"], 0)

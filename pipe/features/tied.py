@@ -1,7 +1,7 @@
 """Tied weights: one weight used on two stages (a tied embedding and output head).
 
-Each rank holding it keeps a copy; the copies start equal (the same seed) and their
-gradients are summed over every holder before each step, so they stay equal. Two chunks
+Each rank holding it keeps a copy; the copies start equal (pipe.engine.same_start) and
+their gradients are summed over every holder before each step, so they stay equal. Two chunks
 of one rank (the V's first and last layers) share one Parameter, stepped once."""
 from pipe.features.builders import LayerBuilders
 from pipe.partition import whole_model_names

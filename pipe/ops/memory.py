@@ -13,14 +13,10 @@ class Memory:
         self.held = self.peak = 0
         self.sizes = {}
 
-    def store(self, name, batch_shapes):
-        """A step's store `name` (its entries counted here), for micro-batches of `batch_shapes`."""
-        return Held(self, (name, batch_shapes))
-
 
 class Held(dict):
-    """A step's store of entries by key, counting their bytes; an entry taken (set to None)
-    gives them back."""
+    """A step's store of entries by key (`name`: the store's, and the micro-batches' shapes),
+    counting their bytes in `memory`; an entry taken (set to None) gives them back."""
 
     def __init__(self, memory, name):
         super().__init__()

@@ -41,9 +41,9 @@ def split_for_predict(config, inputs):
                         [slice(m * size, (m + 1) * size) for m in range(M)])
 
 
-def predict(engine, inputs, broadcast):
-    """The model's outputs on `inputs` as numpy, on every rank or (`broadcast` off) on the
-    last stage alone; the forward-only list runs through the training step's handlers."""
+def predict(engine, inputs, broadcast=True):
+    """`engine.predict`: the model's outputs on `inputs` as numpy, on every rank or
+    (`broadcast` off) on the last stage alone, through the training step's handlers."""
     batch = split_for_predict(engine.config, inputs)
     schedule = engine.layout.forward_only
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
