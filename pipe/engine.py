@@ -112,7 +112,7 @@ class PipelineEngine:
         if self.modes.why and self.wire.rank == 0:
             print(f"pipe: {self.modes}", flush=True)
         same_start(self.wire, self.layout)
-        self.optimizer, self.order = agreed(self.wire, lambda: stage_optimizer(
+        self.optimizer, self.gradient_order = agreed(self.wire, lambda: stage_optimizer(
             make_optimizer, self.layout.params), "building its optimizer")
         self.update = Compiled(self.optimizer)     # (called as MindSpore's own step is)
         self.step = 0                    # optimizer steps taken
@@ -201,7 +201,7 @@ class PipelineEngine:
                 grads = clip_by_global_norm(self.wire, grads, self.layout.norm_once,
                                             self.config.clip_grad_norm, self.all_ranks,
                                             self.config.data_parallel)
-            self.update(ms.mutable(tuple(grads[k] for k in self.order)))
+            self.update(ms.mutable(tuple(grads[k] for k in self.gradient_order)))
 
     def step_loss(self, losses, weight):
         """The step's loss on every rank, every rank's losses summed x `weight`; batch norm's
