@@ -69,8 +69,8 @@ def stage_optimizer(make_optimizer, params):
 
 
 def same_start(wire, layout):
-    """Every copy of a weight starts as its first holder's (replica 0; a tied weight's first
-    stage), as torch's DDP broadcasts: a model built unseeded differs per rank."""
+    """Every copy of a trained weight starts as its first holder's (replica 0; a tied weight's
+    first stage), as torch's DDP broadcasts: a model built unseeded differs per rank."""
     first = float(layout.replica == 0)
     values = sum_over(wire, [p.value() * first for p in layout.params],
                       layout.topo.data_parallel_ranks(layout.stage))
