@@ -71,13 +71,14 @@ def stage_optimizer(make_optimizer, params):
 def same_start(wire, layout):
     """Every copy of a trained weight starts as its first holder's (replica 0; a tied weight's
     first stage), as torch's DDP broadcasts: a model built unseeded differs per rank."""
-    first = float(layout.replica == 0)
-    values = sum_over(wire, [p.value() * first for p in layout.params],
-                      layout.topo.data_parallel_ranks(layout.stage))
-    owner = {k: float(wire.rank == min(ranks)) for k, ranks in layout.copies.items()}
-    values = sum_copies(wire, [v * owner.get(k, 1.0) for k, v in enumerate(values)], layout.copies)
-    for p, value in zip(layout.params, values):
-        p.set_data(value)
+    params, replicas = layout.params, layout.topo.data_parallel_ranks(layout.stage)
+    if len(replicas) > 1:                # (one flat message, as the gradients' sum)
+        first = float(layout.replica == 0)
+        for p, value in zip(params, sum_over(wire, [p.value() * first for p in params], replicas)):
+            p.set_data(value.copy())        # (its own memory: not a view of the flat sum)
+    for k, ranks in layout.copies.items():    # (in sum_copies' order: every holder alike)
+        mine = float(wire.rank == min(ranks))
+        params[k].set_data(wire.all_reduce(params[k].value() * mine, ranks))
 
 
 class PipelineEngine:

@@ -35,8 +35,6 @@ class Layout:
     config: object       # the PipelineConfig it was built from
     topo: Topology
     rank: int
-    stage: int
-    replica: int
     schedule: object     # this step's Schedule (lowered: with its messages)
     forward_only: object  # the Schedule predict runs
     all_bounds: list     # [first, last) layers of every virtual stage
@@ -48,6 +46,9 @@ class Layout:
     tied: dict           # index into `params` -> every rank holding a copy of that weight
     keep: object         # what F keeps for the backward (pipe.actions.KeepResiduals)
     modes: Modes         # how the step runs (pipe.modes), decided before the schedule is made
+
+    stage = property(lambda self: self.topo.stage_of(self.rank))      # (derived, not stored)
+    replica = property(lambda self: self.topo.replica_of(self.rank))
 
     @cached_property                     # (the chunks are fixed: read every step)
     def params(self):
@@ -155,7 +156,6 @@ def build_layout(model, loss_fn, config, rank, costs):
         model, all_bounds, distinct_params(chunks),
         lambda vs: [topo.rank_of(schedule.stage_of(vs), r) for r in range(config.data_parallel)])
     keep = Recompute() if config.recompute else KeepResiduals()
-    return dict(topo=topo, rank=rank, stage=stage, replica=topo.replica_of(rank),
-                forward_only=forward_only(schedule), all_bounds=all_bounds, chunks=chunks,
-                virtual_stages_held=held, bounds=bounds, buffers=buffers, names=names,
-                tied=tied, keep=keep)
+    return dict(topo=topo, rank=rank, forward_only=forward_only(schedule), all_bounds=all_bounds,
+                chunks=chunks, virtual_stages_held=held, bounds=bounds, buffers=buffers,
+                names=names, tied=tied, keep=keep)
