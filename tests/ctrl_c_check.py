@@ -5,11 +5,13 @@ here its first save into a folder that holds another run's checkpoint.
 
 Both ranks handle Ctrl-C as the examples do (examples/cli.py) and print `ready`. Rank 0
 then saves into DIR/ckpt, blocked in MPI's receive, where no signal handler runs, until
-rank 1 sends: rank 1's helper thread does so once the file DIR/release exists. Rank 0's
+rank 1 sends: rank 1's helper thread does so once the file DIR/release exists. Each rank's
+DIR/got-ctrl-c-<rank> says when its Ctrl-C has landed. Rank 0's
 line can only come after that, so rank 1 must not stop first (the launcher would end rank 0
 before it speaks), and it names no checkpoint: the one in DIR/ckpt is not this run's.
 """
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,6 +23,10 @@ stop_on_ctrl_c()
 from mpi4py import MPI  # noqa: E402
 
 world = MPI.COMM_WORLD
+# Python's own C handler writes each signal's number here the moment it lands, before the
+# Python handler can run (not until the receive below returns): the test waits for it.
+signal.set_wakeup_fd(os.open(os.path.join(sys.argv[1], f"got-ctrl-c-{world.rank}"),
+                             os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK))
 PROGRESS.at = "during step 1 of 1"
 release = os.path.join(sys.argv[1], "release")
 

@@ -213,7 +213,11 @@ def test_ctrl_c_waits_for_rank_0s_line_when_rank_0_is_inside_a_call(tmp_path):
         job.wait_for_line(0, "ready")
         job.wait_for_line(1, "ready")
         os.killpg(job.proc.pid, signal.SIGINT)
-        time.sleep(0.5)                  # (rank 1 has its Ctrl-C: only now may rank 0 return)
+        landed = [tmp_path / f"got-ctrl-c-{rank}" for rank in (0, 1)]
+        deadline = time.monotonic() + 60     # (both have their Ctrl-C: only now may rank 0 return)
+        while not all(path.stat().st_size for path in landed):
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.launcher
+            time.sleep(0.01)
         (tmp_path / "release").touch()
         job.wait(timeout=60)
     finally:
