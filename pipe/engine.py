@@ -58,7 +58,10 @@ def prepare_process(config, wire):
 
 def stage_optimizer(make_optimizer, params):
     """`make_optimizer(params)`, and the index in `params` of each gradient it takes, in its
-    order (parameter groups reorder them); refused unless it holds each of `params` once."""
+    order (parameter groups reorder them); refused unless it holds each of `params` once. A
+    stage without weights (activations, pooling) steps nothing: an optimizer refuses none."""
+    if not params:
+        return ms.nn.Identity(), []
     optimizer, index = make_optimizer(params), {id(p): k for k, p in enumerate(params)}
     order = [index.get(id(p)) for p in optimizer.parameters]
     if None in order or sorted(order) != list(range(len(params))):

@@ -39,6 +39,12 @@ def dropout_model(seed):
                               for b in blocks[:-1]] + [blocks[-1]])
 
 
+def flat_model(seed):
+    """The same MLP as 7 layers, each Dense and each ReLU its own: a ReLU can be a stage."""
+    return nn.SequentialCell([layer for block in build_model(seed).cells()
+                              for layer in (block.cells() if len(block.cells()) else [block])])
+
+
 def layer_builders(batch_norm=False):
     """The same MLP as one builder per layer (pipe.features.builders): MindSpore's own initial
     weights, drawn per layer from (seed, layer index); `batch_norm`: the first layer
@@ -166,7 +172,7 @@ def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
     "builders": the model as layer builders, "batch_norm": its first with batch norm,
     "padded": a (sum, count) loss, "count_held": count the model parameters this rank
-    holds, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
+    holds, "flat": the blocks' layers one by one, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
     of `communicator`; saves the
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -181,6 +187,7 @@ def pipe_run(spec, communicator):
     replica = communicator.Get_rank() // config.stages if spec.get("replica_seeds") else 0
     model = (layer_builders(spec.get("batch_norm", False)) if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else
+             flat_model(spec["seed"]) if spec.get("flat") else
              build_model(spec["seed"] + replica))        # (replica_seeds: each its own weights)
     engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
                             optimizer(spec["optimizer"]), config,

@@ -39,6 +39,8 @@ def matrix(root):
                 (4, {**spec(root, "defer-wgrad-zb-v-2x2", "adam", schedule="zb-v", stages=2,
                             data_parallel=2, defer_wgrad=True), "padded": True}),
                 (1, spec(root, "gpipe-1x1", schedule="gpipe")),
+                (3, {**spec(root, "weightless-stage-3x1", "adam", stages=3, partition=[1, 1, 5]),
+                     "flat": True}),
                 (2, {**spec(root, "time-2x1", stages=2, partition="time"), "padded": True})]
     return configs
 
@@ -113,6 +115,14 @@ def test_adam_pipeline_equals_single_process_though_replica_1_built_other_weight
     """Replica 1 built its model from another seed (as a model built unseeded does): it
     starts from replica 0's weights (pipe.engine.same_start), so both train one model."""
     assert_same_weights(runs["adam-2x2"][0], plain["adam"][0])
+
+
+def test_a_stage_without_weights_trains_as_one_process(runs, plain):
+    """Stage 1 holds one ReLU: no weights, so no optimizer (MindSpore's refuse none) and no
+    optimizer state to save; the stages around it train and resume as one process."""
+    flat = {f"{2 * int(name.split('.')[0])}.{name.split('.')[-1]}": value   # 1.0.weight: 2.weight
+            for name, value in plain["adam"][0].items()}
+    assert_same_weights(runs["weightless-stage-3x1"][0], flat)
 
 
 def test_deferred_weight_gradients_equal_single_process(runs, plain):

@@ -55,7 +55,11 @@ def optimizer_file(where, stage):
 
 
 def save_params(path, named):
-    """Write [(name, Parameter or Tensor)] as a MindSpore checkpoint, atomically."""
+    """Write [(name, Parameter or Tensor)] as a MindSpore checkpoint, atomically; none, no file
+    (a chunk of pooling and activations, a stage's optimizer without weights)."""
+    named = list(named)
+    if not named:
+        return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _atomic(path, lambda tmp: ms.save_checkpoint([{"name": n, "data": p} for n, p in named], tmp))
 
@@ -66,8 +70,7 @@ def save_rank(where, layout, optimizer):
     if layout.replica:
         return
     for vs, chunk, names in zip(layout.virtual_stages_held, layout.chunks, layout.names):
-        if chunk.state:                  # (a chunk of pooling and activations holds nothing)
-            save_params(virtual_stage_file(where, vs), zip(names, chunk.state))
+        save_params(virtual_stage_file(where, vs), zip(names, chunk.state))
     save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
 
 
