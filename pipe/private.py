@@ -4,7 +4,7 @@ import os
 
 from mindspore import nn, ops
 
-__all__ = ["jit_executor", "relu_grad", "PUBLIC_ONLY"]
+__all__ = ["jit_executor", "relu_grad", "amp_level", "PUBLIC_ONLY"]
 
 PUBLIC_ONLY = os.environ.get("PIPE_PUBLIC_ONLY") == "1"
 try:
@@ -54,3 +54,11 @@ def relu_grad():
     """(dy, y) -> dy where y > 0 for y a ReLU's output: MindSpore's ReluGrad kernel, or
     autograd's gradient of relu at y (the same values)."""
     return ReluAt() if ReluGrad is None else ReluGrad()
+
+
+def amp_level(cell):
+    """The level `mindspore.amp.auto_mixed_precision` set on `cell`, '' for none (MindSpore's
+    `_amp_level`; in public, an 'auto' level's `amp_strategy` alone)."""
+    if PUBLIC_ONLY:
+        return "auto" if getattr(cell, "amp_strategy", None) is not None else ""
+    return getattr(cell, "_amp_level", "") or ""

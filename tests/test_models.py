@@ -56,6 +56,15 @@ def engine(model, **config):
      "parameter '0.weight' of layer 0 is Float16: pipe keeps float32 master weights (the "
      "optimizer's small steps vanish in float16); build the layer in float32 and set "
      "precision='fp16' for float16 compute"),
+    (ms.amp.auto_mixed_precision(nn.SequentialCell([nn.Dense(4, 4)]), "auto"),
+     "the model is set for mindspore.amp.auto_mixed_precision (level 'auto'), which its layers "
+     "lose when pipe cuts it into stages: pass it as built and set precision='fp16' (pipe casts "
+     "every layer to float16 and scales the loss)"),
+    (nn.SequentialCell([nn.Dense(4, 4), nn.SequentialCell([nn.ReLU(), ms.amp.auto_mixed_precision(
+        nn.SequentialCell([nn.Dense(4, 4)]), "auto")])]),
+     "layer 1.1 is set for mindspore.amp.auto_mixed_precision (level 'auto'), which its layers "
+     "lose when pipe cuts it into stages: pass it as built and set precision='fp16' (pipe casts "
+     "every layer to float16 and scales the loss)"),
 ])
 def test_models_pipe_cannot_split_are_refused(model, message):
     with pytest.raises(TypeError) as err:

@@ -17,7 +17,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipe.layers import Sequential, leaves
+from pipe.layers import Sequential
 from pipe.partition import check_layer
 
 __all__ = ["LayerBuilders", "Tied", "layer_seed"]
@@ -68,8 +68,7 @@ class LayerBuilders:
             if not isinstance(layer, nn.Cell):
                 raise TypeError(f"layer builder {i} returned a {type(layer).__name__}, not an "
                                 "nn.Cell: each builder returns one layer")
-            for leaf in leaves([layer]):
-                check_layer(i, leaf)
+            check_layer(i, layer)
             self._check_new(i, layer, owner)
             self.built[i] = layer
         return self.built[i]
