@@ -6,9 +6,9 @@ one graph (one call per step; the loop is for tracing and watching each action),
 deferred by the rule below, from the config and the model's layers, the same on every rank."""
 from dataclasses import dataclass
 
-import mindspore as ms
-import numpy as np
 from mindspore import nn
+
+from pipe.wire import every_rank
 
 __all__ = ["Modes", "decide", "facts_of", "ONE_CALL"]
 
@@ -40,14 +40,8 @@ def facts_of(wire, chunks):
     """This rank's Facts, made every rank's with one all-reduce (a model given as layer
     builders holds its layers on its own rank only)."""
     layers = [layer for chunk in chunks for layer in chunk.layers]
-    mine = np.array([any(chunk.buffers for chunk in chunks), any(map(is_composite, layers))],
-                    np.float32)
-    slots = np.zeros((wire.size, len(mine)), np.float32)
-    slots[wire.rank] = mine
-    if wire.size > 1:
-        ranks = tuple(range(wire.size))
-        slots = wire.all_reduce(ms.Tensor(slots.reshape(-1)), ranks).asnumpy().reshape(slots.shape)
-    return Facts(*map(bool, slots.max(0)))          # (true on any rank)
+    mine = [any(chunk.buffers for chunk in chunks), any(map(is_composite, layers))]
+    return Facts(*map(bool, every_rank(wire, mine).max(0)))   # (true on any rank)
 
 
 def is_composite(layer):

@@ -8,7 +8,7 @@ import numpy as np
 __all__ = ["WIRE_DTYPES", "NCCL_DTYPES", "CARRIED_AS", "DTYPES", "MpiWire",
            "MindSporeWire", "SoloWire", "PointToPoint", "Parts", "spec_of", "example",
            "write_header", "read_header", "elements", "tensors_in", "travels", "carrier",
-           "sum_over"]
+           "sum_over", "every_rank"]
 
 # The dtypes a wire sends, and each one's numpy type for the CPU wire (None: numpy has none).
 WIRE_DTYPES = {ms.float32: np.float32, ms.float16: np.float16, ms.bfloat16: None,
@@ -184,3 +184,11 @@ def sum_over(wire, grads, ranks):
     flat = wire.all_reduce(ms.ops.cat([g.reshape(-1) for g in grads]), ranks)
     pieces = ms.ops.split(flat, [g.size for g in grads])
     return tuple(p.reshape(g.shape) for g, p in zip(grads, pieces))
+
+
+def every_rank(wire, row):
+    """Every rank's `row` of integers, as rows of a matrix (rank r's is row r): one all-reduce
+    of a matrix that is zero but for this rank's row."""
+    rows = np.zeros((wire.size, len(row)), np.int32)
+    rows[wire.rank] = row
+    return wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()

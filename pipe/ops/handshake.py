@@ -17,8 +17,8 @@ from pipe.features.batchnorm import buffers_kept
 from pipe.features.precision import computes_half
 from pipe.layers import arguments, variable
 from pipe.ops.watchdog import PeerFailed, alike, first_line
-from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, example, read_header,
-                       spec_of, tensors_in, write_header)
+from pipe.wire import (DTYPES, HEADER, Parts, PointToPoint, carrier, elements, every_rank, example,
+                       read_header, spec_of, tensors_in, write_header)
 
 __all__ = ["connect_stages", "StageCheck", "Refused", "unwired", "agreed", "probe",
            "describe_layer"]
@@ -319,21 +319,16 @@ class StageCheck:
         """One all-reduce of where each rank failed, of the model's output spec and whether
         its loss is (sum, count) (from `last_stage_rank`); returns those two. A failure is
         told in full by the rank that found it, elsewhere as a line naming that rank."""
-        rows = np.zeros((wire.size + 1, 1 + HEADER), np.int32)     # +1: -1 pads sum to 0
-        if self.failure is not None:
-            rows[wire.rank, 0] = self.failure[0] + 1
-        output = specs.get(len(self.bounds))
-        if wire.rank == last_stage_rank and output is not None:
-            rows[wire.size] = [self.counted, *(write_header(output) + 1)]
-        rows = wire.all_reduce(ms.Tensor(rows), tuple(range(wire.size))).asnumpy()
+        failed = 0 if self.failure is None else self.failure[0] + 1
+        rows = every_rank(wire, [failed, self.counted,
+                                 *write_header(specs.get(len(self.bounds)))])
         if self.failure is not None:
             raise RuntimeError("check before the first step failed: " + self.failure[1]) from None
-        failed = rows[:wire.size, 0]
-        if failed.any():
-            rank = int(np.argmax(failed > 0))
+        if rows[:, 0].any():
+            rank = int(np.argmax(rows[:, 0] > 0))
             raise PeerFailed(f"the check before the first step failed on rank {rank} "
-                             f"({self.stage(int(failed[rank]) - 1)}): rank {rank}'s error says why")
-        return read_header(rows[wire.size, 1:] - 1), bool(rows[wire.size, 0])
+                             f"({self.stage(int(rows[rank, 0]) - 1)}): rank {rank}'s error says why")
+        return read_header(rows[last_stage_rank, 2:]), bool(rows[last_stage_rank, 1])
 
 
 def agreed(wire, work, what="while building its stages"):
@@ -343,9 +338,7 @@ def agreed(wire, work, what="while building its stages"):
         result, error = work(), None
     except Exception as e:               # any exception: a peer must not wait for this rank
         result, error = None, e
-    failed = np.zeros(wire.size, np.int32)
-    failed[wire.rank] = error is not None
-    failed = wire.all_reduce(ms.Tensor(failed), tuple(range(wire.size))).asnumpy()
+    failed = every_rank(wire, [error is not None])[:, 0]
     if error is not None:
         raise alike(error) if failed.all() else error   # (all failed: told once, by rank 0)
     if failed.any():
