@@ -1,4 +1,5 @@
 """Micro-batches: the global batch's rows, cut for one replica into M pieces."""
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,6 +36,15 @@ class MicroBatches:
         (x, y), rows = self.source, self.cut[0].stop - self.cut[0].start
         labels = "" if y is None else f", labels of shape {np.shape(y)} {y.dtype}"
         return f"inputs of shape {np.shape(x)} {x.dtype}{labels}, in micro-batches of {rows} rows"
+
+    def fingerprint(self):
+        """A CRC-32 of the whole batch as its caller passed it (every rank passes the same)."""
+        crc = 0
+        for array in self.source:
+            if array is not None:
+                crc = zlib.crc32(np.ascontiguousarray(
+                    array.asnumpy() if isinstance(array, ms.Tensor) else array), crc)
+        return crc & 0x7FFFFFFF          # (an int32)
 
     @cached_property
     def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators

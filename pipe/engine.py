@@ -254,7 +254,8 @@ class PipelineEngine:
             p2p = connect_stages(self.schedule, self.stage, self.wire, ranks, batch.inputs[0],
                                  check.probe)
             last = self.topo.rank_of(self.schedule.stage_of(self.schedule.virtual_stages - 1), 0)
-            self.output_spec, counted = check.agree(self.wire, p2p.specs, last)
+            self.output_spec, counted = check.agree(self.wire, p2p.specs, last,
+                                                    batch.fingerprint())
         if not training:
             return p2p
         counter = Compiled(TokenCount(self.loss_fn, self.output_spec)) if counted else None

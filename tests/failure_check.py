@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python tests/failure_check.py before   # each case caught on every rank
     mpiexec -n 2 python tests/failure_check.py during   # a backward fails mid-step, uncaught
+    mpiexec -n 2 python tests/failure_check.py batches  # each rank its own batch, uncaught
     msrun --worker_num=2 ... tests/failure_check.py during GPU    # the same over NCCL
 
 `before`: every case fails before the first step, on one rank or both (one graph that
@@ -44,15 +45,19 @@ CASES = {
     "random": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), HiddenDropout(8), nn.Dense(8, 3)])),
     "targets": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
     "tied-builders": lambda: engine([lambda: nn.Dense(8, 8), lambda: TiedHead(EMBEDDING)]),
+    "batches": lambda: engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 3)])),
 }
 if sys.argv[1] == "during":
     pipe = engine(nn.SequentialCell([nn.Dense(8, 8), nn.Dense(8, 8), NoBackward(), nn.Dense(8, 3)]))
     pipe.train_step(X, Y)
     print(f"rank {WIRE.rank}: the step passed", flush=True)
 rank = WIRE.rank
+if sys.argv[1] == "batches":             # uncaught, raised alike on both ranks
+    CASES["batches"]().train_step(X + rank, Y)
 for name, build in CASES.items():
     try:
-        build().train_step(X, Y.astype(np.float32) if name == "targets" else Y)
+        inputs = X + rank if name == "batches" else X      # (each rank its own batch)
+        build().train_step(inputs, Y.astype(np.float32) if name == "targets" else Y)
         print(f"{name}: rank {rank}: trained", flush=True)
     except Exception as error:
         print(f"{name}: rank {rank}: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)

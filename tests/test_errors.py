@@ -213,11 +213,17 @@ UINT16 = ("RuntimeError: " + "check before the first step failed: stage 1 would 
           "carry; make layer 1 hand it on as one of Float32, Float16, Float64, Int32, Int64, Bool, "
           "UInt8, Int8, Int16")
 
+OTHER_BATCH = ("batches: rank {}: ValueError: rank 1 passed another batch than rank 0: pipe reads "
+               "the inputs on the first stage and the labels on the last, so every rank passes the "
+               "same global batch (each replica takes its own rows of it); draw it from one seed "
+               "everywhere")
+
 
 def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
     """tests/failure_check.py: each case is caught on both ranks, in turn, so none may leave
     a rank waiting. The rank that found the failure says why and where (the layer, the loss,
-    the boundary); the other names that rank in one line."""
+    the boundary); the other names that rank in one line. Batches that differ between ranks
+    are refused alike on both."""
     done = run_check("failure_check.py", 2, "before", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     pointer = "PeerFailed: the check before the first step failed on rank {0} (stage {0}): rank {0}'s error says why"
@@ -233,7 +239,7 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "micro-batch)",
         "targets: rank 0: " + pointer.format(1),
         "tied-builders: rank 0: PeerFailed: rank 1 failed while building its stages: rank 1's "
-        "error says why"]
+        "error says why", OTHER_BATCH.format(0)]
     assert done.outs[1].splitlines() == [
         "tuple: rank 1: RuntimeError: " + CHECK + "stage 1 (layers 2 to 3) failed on stage 0's "
         "output (the boundary between layers 1 and 2), of shape (2, 8) Float32: layer 3 (Dense), "
@@ -247,7 +253,17 @@ def test_a_model_failing_on_one_rank_fails_every_rank_before_the_first_step():
         "shape (2, 3) Float32 and labels of shape (2,) Float32, raised TypeError: For "
         "primitive[SparseSoftmaxCrossEntropyWithLogits], the input argument[labels_type] must be a "
         "type of {Tensor[Int32], Tensor[Int64]}, but got Tensor[Float32].",
-        "tied-builders: rank 1: " + BUILT_ELSEWHERE]
+        "tied-builders: rank 1: " + BUILT_ELSEWHERE, OTHER_BATCH.format(1)]
+
+
+def test_a_mistake_every_rank_makes_is_printed_once_uncaught():
+    """Each rank passes its own batch and nobody catches the refusal: rank 0 prints it, the
+    other rank, which raised the same, ends quietly."""
+    done = run_check("failure_check.py", 2, "batches", timeout=120)
+    assert done.returncode != 0
+    said = [line for err in done.errs for line in err.splitlines() if "another batch" in line]
+    assert said == ["ValueError: " + OTHER_BATCH.format(0).split(": ", 3)[3]]
+    assert "another batch" in done.errs[0]
 
 
 def test_a_backward_failing_mid_step_ends_every_rank_at_once():

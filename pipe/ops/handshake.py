@@ -315,12 +315,13 @@ class StageCheck:
         return ("the input batch" if vs == 0 else f"{self.stage(vs - 1)}'s output "
                 f"(the boundary between layers {first - 1} and {first})")
 
-    def agree(self, wire, specs, last_stage_rank):
+    def agree(self, wire, specs, last_stage_rank, fingerprint):
         """One all-reduce of where each rank failed, of the model's output spec and whether
-        its loss is (sum, count) (from `last_stage_rank`); returns those two. A failure is
-        told in full by the rank that found it, elsewhere as a line naming that rank."""
+        its loss is (sum, count) (from `last_stage_rank`), and of each rank's batch
+        `fingerprint`; returns those two. A failure is told in full by the rank that found
+        it, elsewhere as a line naming that rank; a batch unlike rank 0's, alike everywhere."""
         failed = 0 if self.failure is None else self.failure[0] + 1
-        rows = every_rank(wire, [failed, self.counted,
+        rows = every_rank(wire, [failed, self.counted, fingerprint,
                                  *write_header(specs.get(len(self.bounds)))])
         if self.failure is not None:
             raise RuntimeError("check before the first step failed: " + self.failure[1]) from None
@@ -328,7 +329,13 @@ class StageCheck:
             rank = int(np.argmax(rows[:, 0] > 0))
             raise PeerFailed(f"the check before the first step failed on rank {rank} "
                              f"({self.stage(int(rows[rank, 0]) - 1)}): rank {rank}'s error says why")
-        return read_header(rows[last_stage_rank, 2:]), bool(rows[last_stage_rank, 1])
+        if (rows[:, 2] != rows[0, 2]).any():
+            rank = int(np.argmax(rows[:, 2] != rows[0, 2]))
+            raise alike(ValueError(
+                f"rank {rank} passed another batch than rank 0: pipe reads the inputs on the "
+                "first stage and the labels on the last, so every rank passes the same global "
+                "batch (each replica takes its own rows of it); draw it from one seed everywhere"))
+        return read_header(rows[last_stage_rank, 3:]), bool(rows[last_stage_rank, 1])
 
 
 def agreed(wire, work, what="while building its stages"):

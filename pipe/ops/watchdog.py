@@ -76,14 +76,15 @@ def first_line(error):
 
 def end_job_on_uncaught(wire):
     """Make an exception no one catches end the whole job, not only this process (as
-    `python -m mpi4py` does): printed as usual, then every rank is told and the job ends."""
+    `python -m mpi4py` does): printed as usual (a mistake raised alike on every rank, by rank 0
+    alone), then every rank is told and the job ends."""
     previous = getattr(sys.excepthook, "previous", sys.excepthook)
 
     def hook(kind, error, trace):
         peer_failed = isinstance(error, PeerFailed)
         if peer_failed:
             print(f"error: {error}", file=sys.stderr, flush=True)
-        else:
+        elif not (is_alike(error) and wire.rank):    # (raised alike on every rank: rank 0 says it)
             previous(kind, error, trace)
         sys.stdout.flush()               # (a GPU wire's abort ends the process at once)
         # A peer's failure is already ending the job: its abort ends this process, not ours.
