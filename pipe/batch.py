@@ -38,13 +38,9 @@ class MicroBatches:
         return f"inputs of shape {np.shape(x)} {x.dtype}{labels}, in micro-batches of {rows} rows"
 
     def fingerprint(self):
-        """A CRC-32 of the whole batch as its caller passed it (every rank passes the same)."""
-        crc = 0
-        for array in self.source:
-            if array is not None:
-                crc = zlib.crc32(np.ascontiguousarray(
-                    array.asnumpy() if isinstance(array, ms.Tensor) else array), crc)
-        return crc & 0x7FFFFFFF          # (an int32)
+        """A CRC-32 (as an int32) of the whole batch as its caller passed it: every rank's."""
+        arrays = [a.asnumpy() if isinstance(a, ms.Tensor) else a for a in self.source]
+        return zlib.crc32(b"".join(np.asarray(a).tobytes() for a in arrays if a is not None)) >> 1
 
     @cached_property
     def shapes(self):   # (inputs, labels) of one, read off `source`: cutting costs 2M operators

@@ -2,8 +2,7 @@
 
 A compute action is F (forward) or B (backward) of one micro-batch on one of the stage's
 model chunks. `lower()` adds the messages between stages; the engine only executes the
-list. Stages are the pipeline's positions; the engine maps each to a rank.
-"""
+list. Stages are the pipeline's positions; the engine maps each to a rank."""
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -82,8 +81,7 @@ def gpipe(stages, micro_batches):
         stage1: .  F0 F1 F2 F3 .  .  B0 B1 B2 B3
         stage2: .  .  F0 F1 F2 F3 B0 B1 B2 B3
 
-    Simple, but every stage holds the activations of all M micro-batches at once.
-    """
+    Simple, but every stage holds the activations of all M micro-batches at once."""
     F = [Action("F", m) for m in range(micro_batches)]
     B = [Action("B", m) for m in range(micro_batches)]
     return Schedule("gpipe", stages, micro_batches, [F + B for _ in range(stages)])
@@ -100,8 +98,7 @@ def one_f_one_b(stages, micro_batches):
         stage1: .  F0 F1 .  B0 F2 B1 F3 B2 .  B3
         stage2: .  .  F0 B0 F1 B1 F2 B2 F3 B3
 
-    Same bubble as GPipe, but stage s never holds more than P-s micro-batches' activations.
-    """
+    Same bubble as GPipe, but stage s never holds more than P-s micro-batches' activations."""
     actions = []
     for stage in range(stages):
         warmup = min(stages - stage - 1, micro_batches)

@@ -12,8 +12,7 @@ class Topology:
         stage:    0  1  0  1
         replica:  0  0  1  1
 
-    A stage sends to its neighbours in its replica, and all-reduces with its replicas.
-    """
+    A stage sends to its neighbours in its replica, and all-reduces with its replicas."""
 
     stages: int         # P: pipeline depth
     data_parallel: int  # D: pipeline replicas

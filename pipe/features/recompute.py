@@ -3,8 +3,7 @@
 The backward runs the forward again to get the layer residuals back: less memory, one
 more forward per micro-batch (Chen et al., 2016; Megatron's full recompute). `Recompute`
 is what F keeps and what a backward piece restores (pipe.actions.KeepResiduals otherwise),
-in the loop and in the graph alike.
-"""
+in the loop and in the graph alike."""
 from mindspore import nn
 
 __all__ = ["Recompute"]

@@ -166,13 +166,6 @@ def _same(one, other):
 
 
 # ---- what went wrong, in words ---------------------------------------------------------
-def _first_weight(chunk):
-    """(index, first weight) of the first leaf layer with weights: what sets the dtype the
-    stage takes."""
-    return next(((k, p) for k, layer in enumerate(chunk.layers) for p in layer.trainable_params()),
-                (None, None))
-
-
 def is_half(chunk):
     """Whether the chunk computes in float16 (precision='fp16' cast its layers)."""
     return any(map(computes_half, chunk.layers))
@@ -186,10 +179,11 @@ def unwired(spec, carried):
 
 def mismatched_weights(chunk, spec):
     """(the first weighted layer's index, its weights' dtype) when the input is a float of
-    another dtype than those weights; else None."""
+    another dtype than those weights (the dtype the stage takes); else None."""
     if isinstance(spec, Parts) or is_half(chunk):
         return None
-    first, weight = _first_weight(chunk)
+    first, weight = next(((k, p) for k, layer in enumerate(chunk.layers)
+                          for p in layer.trainable_params()), (None, None))
     if weight is not None and spec[1] in FLOATS and spec[1] != weight.dtype:
         return first, weight.dtype
     return None
@@ -275,24 +269,22 @@ class StageCheck:
     def located(self, chunk, vs, spec, found, since):
         """`locate_failure`'s (layer k, where, the exception) in words; beside a failure on the
         input batch or in the loss (on the labels), the whole batch as the caller passed it."""
-        on_batch = vs == 0 or found[0] == len(chunk.layers)
-        return self.located_text(chunk, vs, spec, found, since) + \
-            (f"\n(the whole batch: {self.whole})" if on_batch and self.whole else "")
-
-    def located_text(self, chunk, vs, spec, found, since):
         k, where, cause = found
         mismatch = mismatched_weights(chunk, spec)
+        layer = chunk.layers[k] if k < len(chunk.layers) else None
         if mismatch is not None and mismatch[0] == k:
-            return self.dtype_text(vs, spec, mismatch[1])
-        if not isinstance(spec, Parts):
-            layer = chunk.layers[k] if k < len(chunk.layers) else None
-            if k == 0 and isinstance(layer, nn.Dense) and spec[0][-1] != layer.in_channels:
-                fix = (f"Fix the model so that layer {self.bounds[vs][0] - 1}'s output fits "
-                       f"layer {self.bounds[vs][0]}'s input" if vs
-                       else f"Fix the input batch or layer {self.bounds[vs][0]}")
-                return (f"{self.stage(vs)} cannot take {self.coming(vs)}, of {_words(spec)}; its "
-                        f"first layer expects {layer.in_channels} features. {fix}")
-        return self.model_text(vs, spec, f"{where}, raised {first_line(cause)}", since)
+            text = self.dtype_text(vs, spec, mismatch[1])
+        elif (k == 0 and isinstance(layer, nn.Dense) and not isinstance(spec, Parts)
+              and spec[0][-1] != layer.in_channels):
+            fix = (f"Fix the model so that layer {self.bounds[vs][0] - 1}'s output fits "
+                   f"layer {self.bounds[vs][0]}'s input" if vs
+                   else f"Fix the input batch or layer {self.bounds[vs][0]}")
+            text = (f"{self.stage(vs)} cannot take {self.coming(vs)}, of {_words(spec)}; its "
+                    f"first layer expects {layer.in_channels} features. {fix}")
+        else:
+            text = self.model_text(vs, spec, f"{where}, raised {first_line(cause)}", since)
+        on_batch = vs == 0 or k == len(chunk.layers)
+        return text + (f"\n(the whole batch: {self.whole})" if on_batch and self.whole else "")
 
     def dtype_text(self, vs, spec, weights):
         source = "the input batch" if vs == 0 else f"the output of layer {self.bounds[vs][0] - 1}"
