@@ -39,19 +39,20 @@ MODEL=all LAYOUT=all SCHEDULE=all IMPL=all STEPS="" DEVICES="" OUT="" TRACE=0 DE
 TF32="" GBATCH=64
 REPEATS=3 HEADLINE=1 SIDE=1
 bad() { echo "error: $1" >&2; exit 2; }   # one line naming the value and the fix
+value() { [ $# -ge 2 ] || bad "$1 needs a value (see --help)"; }   # a flag that takes one
 while [ $# -gt 0 ]; do
-  [[ $# -ge 2 || ! "$1" =~ ^--(model|layout|schedule|impl|steps|devices|out|precision|repeats|gpt-batch)$ ]] \
-    || bad "$1 needs a value (see --help)"
   case "$1" in
-    --model) MODEL=$2; shift 2 ;;                  --all) HEADLINE=0; shift ;;
-    --layout) LAYOUT=$2; HEADLINE=0; shift 2 ;;    --schedule) SCHEDULE=$2; HEADLINE=0; shift 2 ;;
-    --impl) IMPL=$2; HEADLINE=0; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;                  --devices) DEVICES=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;                      --trace) TRACE=1; shift ;;
+    --model) value "$@"; MODEL=$2; shift 2 ;;                 --all) HEADLINE=0; shift ;;
+    --layout) value "$@"; LAYOUT=$2; HEADLINE=0; shift 2 ;;
+    --schedule) value "$@"; SCHEDULE=$2; HEADLINE=0; shift 2 ;;
+    --impl) value "$@"; IMPL=$2; HEADLINE=0; shift 2 ;;
+    --steps) value "$@"; STEPS=$2; shift 2 ;;
+    --devices) value "$@"; DEVICES=$2; shift 2 ;;
+    --out) value "$@"; OUT=$2; shift 2 ;;                     --trace) TRACE=1; shift ;;
     --defer-wgrad|--no-defer-wgrad) DEFER=$1; shift ;;
-    --precision) PRECISION=$2; shift 2 ;;      --tf32) TF32=--tf32; shift ;;
-    --repeats) REPEATS=$2; shift 2 ;;          --one-at-a-time) SIDE=0; shift ;;
-    --gpt-batch) GBATCH=$2; shift 2 ;;
+    --precision) value "$@"; PRECISION=$2; shift 2 ;;         --tf32) TF32=--tf32; shift ;;
+    --repeats) value "$@"; REPEATS=$2; shift 2 ;;             --one-at-a-time) SIDE=0; shift ;;
+    --gpt-batch) value "$@"; GBATCH=$2; shift 2 ;;
     -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) bad "unknown option $1 (see --help)" ;;
   esac
