@@ -72,13 +72,16 @@ def stage_optimizer(make_optimizer, params):
 
 
 def same_start(wire, layout):
-    """Every copy of a trained weight starts as its first holder's (replica 0; a tied weight's
-    first stage), as torch's DDP broadcasts: a model built unseeded differs per rank."""
+    """Every copy of a weight starts as its first holder's (replica 0, buffers and frozen
+    weights too; a tied weight's first stage), as torch's DDP broadcasts: a model built
+    unseeded differs per rank."""
     params, replicas = layout.params, layout.topo.data_parallel_ranks(layout.stage)
     if len(replicas) > 1:                # (one flat message, as the gradients' sum)
         first = float(layout.replica == 0)
         for p, value in zip(params, sum_over(wire, [p.value() * first for p in params], replicas)):
             p.set_data(value.copy())        # (its own memory: not a view of the flat sum)
+        for b in layout.buffers:            # (one message each: each its own dtype)
+            b.set_data(wire.all_reduce(b.value() if first else ms.ops.zeros_like(b), replicas))
     for k, ranks in layout.copies.items():    # (in sum_copies' order: every holder alike)
         mine = float(wire.rank == min(ranks))
         params[k].set_data(wire.all_reduce(params[k].value() * mine, ranks))

@@ -23,12 +23,15 @@ FP16_STEPS, OVERFLOW = 4, 13.0      # float16 runs: steps, and an input whose ba
 LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
-def build_model(seed):
+def build_model(seed, frozen=False):
+    """The MLP, its weights drawn from `seed`; `frozen`: its first layer is not trained."""
     rng = np.random.default_rng(seed)
     blocks = [nn.SequentialCell([nn.Dense(a, b), nn.ReLU()]) for a, b in zip(WIDTHS[:-2], WIDTHS[1:-1])]
     model = nn.SequentialCell(blocks + [nn.Dense(WIDTHS[-2], WIDTHS[-1])])
     for p in model.trainable_params():
         p.set_data(ms.Tensor(rng.normal(0.0, 0.3, p.shape).astype(np.float32)))
+    for p in model[0][0].get_parameters() if frozen else ():
+        p.requires_grad = False
     return model
 
 
@@ -119,10 +122,10 @@ def optimizer(name):
     return lambda params: nn.Adam(params, learning_rate=0.001)
 
 
-def plain_run(name, seed, builders=False, padded=False):
+def plain_run(name, seed, builders=False, padded=False, frozen=False):
     """({whole-model parameter name: value}, every step's loss) of one plain process;
-    `padded`: the token mean over labels with padding."""
-    model = LayerBuilders(layer_builders(), seed).whole() if builders else build_model(seed)
+    `padded`: the token mean over labels with padding; `frozen`: the first layer untrained."""
+    model = LayerBuilders(layer_builders(), seed).whole() if builders else build_model(seed, frozen)
     names = dict(model.parameters_and_names())
     with_loss = TokenMean(model) if padded else nn.WithLossCell(model, LOSS)
     step = nn.TrainOneStepCell(with_loss, optimizer(name)(model.trainable_params()))
@@ -172,7 +175,7 @@ def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
     "builders": the model as layer builders, "batch_norm": its first with batch norm,
     "padded": a (sum, count) loss, "count_held": count the model parameters this rank
-    holds, "flat": the blocks' layers one by one, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
+    holds, "flat": the blocks' layers one by one, "frozen": the first layer untrained, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
     of `communicator`; saves the
     model after the last step. Returns the engine and this rank's results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -188,7 +191,8 @@ def pipe_run(spec, communicator):
     model = (layer_builders(spec.get("batch_norm", False)) if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else
              flat_model(spec["seed"]) if spec.get("flat") else
-             build_model(spec["seed"] + replica))        # (replica_seeds: each its own weights)
+             build_model(spec["seed"] + replica, spec.get("frozen", False)))   # (replica_seeds:
+                                                                # each its own weights)
     engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)

@@ -30,7 +30,7 @@ def matrix(root):
     configs += [(p * d, {**spec(root, f"builders-{p}x{d}", schedule=s, stages=p, data_parallel=d),
                          "builders": True, "count_held": True}) for p, d, s in BUILDER_LAYOUTS]
     configs += [(4, {**spec(root, "adam-2x2", "adam", stages=2, data_parallel=2),
-                     "replica_seeds": True}),
+                     "replica_seeds": True, "frozen": True}),
                 (2, {**spec(root, "dropout-adam-2x1", "adam", stages=2), "dropout": True}),
                 (2, {**spec(root, "one-graph-dropout-adam-2x1", "adam", stages=2, one_graph=True),
                      "dropout": True}),
@@ -57,7 +57,8 @@ def plain():
     return {"sgd": plain_run("sgd", SEED), "adam": plain_run("adam", SEED),
             "builders": plain_run("sgd", SEED, builders=True),
             "padded-sgd": plain_run("sgd", SEED, padded=True),
-            "padded-adam": plain_run("adam", SEED, padded=True)}
+            "padded-adam": plain_run("adam", SEED, padded=True),
+            "frozen-adam": plain_run("adam", SEED, frozen=True)}
 
 
 def assert_same_weights(got, want):
@@ -112,9 +113,10 @@ def test_each_rank_builds_only_its_layers(runs):
 
 
 def test_adam_pipeline_equals_single_process_though_replica_1_built_other_weights(runs, plain):
-    """Replica 1 built its model from another seed (as a model built unseeded does): it
-    starts from replica 0's weights (pipe.engine.same_start), so both train one model."""
-    assert_same_weights(runs["adam-2x2"][0], plain["adam"][0])
+    """Replica 1 built its model from another seed (as a model built unseeded does), its
+    frozen first layer too: it starts from replica 0's weights, trained or not
+    (pipe.engine.same_start), so both train one model."""
+    assert_same_weights(runs["adam-2x2"][0], plain["frozen-adam"][0])
 
 
 def test_a_stage_without_weights_trains_as_one_process(runs, plain):
