@@ -63,18 +63,7 @@ def first(value, after):
 
 def variables(values):
     """Each value as a compiled cell takes it (a tuple: mutable, not a constant)."""
-    out = ()
-    for value in values:
-        out = out + (variable(value),)
-    return out
-
-
-def _pick(tensors, positions):
-    """tensors[i] for each i of `positions`, as a loop the graph compiler unrolls."""
-    picked = ()
-    for i in positions:
-        picked = picked + (tensors[i],)
-    return picked
+    return tuple([variable(value) for value in values])
 
 
 class KeepResiduals(nn.Cell):
@@ -190,7 +179,8 @@ class Actions(nn.Cell):
         if whole:
             state["grads"][c] = given = with_sums(state["grads"].get(c), given, first_sum)
         else:
-            state["waiting"][mb * self.count + c] = _pick(residuals, self.weight_inputs[c]) + given
+            read = tuple([residuals[i] for i in self.weight_inputs[c]])      # what W reads
+            state["waiting"][mb * self.count + c] = read + given
         state["done"] = self.order(self.order(state["done"], given), dx)
         if puts is not None:
             state["flight"][puts] = dx
@@ -199,9 +189,8 @@ class Actions(nn.Cell):
     def weight_grad(self, state, mb, c, first_sum):
         """W: chunk c's weight gradients of micro-batch mb, or of all of them at the flush
         (EVERY: one product per layer), added to its sums."""
-        entries = ()
-        for m in (range(self.micro_batches) if mb is EVERY else (mb,)):
-            entries = entries + (self.held(take(state["waiting"], m * self.count + c), state),)
+        entries = tuple([self.held(take(state["waiting"], m * self.count + c), state)
+                         for m in (range(self.micro_batches) if mb is EVERY else (mb,))])
         grads = self.weight_grads[c](*variables(entries))
         state["grads"][c] = with_sums(state["grads"].get(c), grads, first_sum)
         state["done"] = self.order(state["done"], state["grads"][c])
@@ -212,10 +201,7 @@ class Actions(nn.Cell):
         graph no product of W's starts earlier (each would start once its inputs are ready,
         ahead of the send the I before ends with, and the next stage would wait for W), and W
         shares no work with I: it computes what the loop's W does."""
-        ordered = ()
-        for tensor in entry:
-            ordered = ordered + (self.order(tensor, state["done"]),)
-        return ordered
+        return tuple([self.order(tensor, state["done"]) for tensor in entry])
 
     def restored(self, state, mb, c, takes, data):
         """(the residuals, the output gradient) a backward piece starts from: what F kept, and

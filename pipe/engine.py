@@ -179,18 +179,16 @@ class PipelineEngine:
 
     def step_inputs(self, batch, built, masks):
         """The step's inputs: this replica's rows and labels, the dropout masks, the loss
-        gradient's scale (in one graph a plain number it folds in, unless fp16's scale or a
-        (sum, count) loss's count moves it), a (sum, count) loss's labels."""
+        gradient's scale, a (sum, count) loss's labels. The scale is `mean_weight` (a (sum,
+        count) loss divides by its count on the device instead), x S in fp16: in one graph a
+        plain number it folds in, unless S or the count moves it, else a tensor."""
         counter = built.counter
-        fixed = self.modes.one_graph and not (self.scaler or counter)
-        scale = self.mean_weight if fixed else self.loss_grad_scale(counter)
+        if self.modes.one_graph and not (self.scaler or counter):
+            scale = self.mean_weight
+        else:
+            scale = scalar((self.scaler.value if self.scaler else 1.0) *
+                           (1.0 if counter else self.mean_weight))
         return (*replica_rows(batch), masks, scale, as_tensor(batch.source[1]) if counter else ())
-
-    def loss_grad_scale(self, counter):
-        """The loss gradient's scale as a tensor: `mean_weight` for a scalar loss (a (sum, count)
-        loss divides by its count on the device), x S in fp16."""
-        return scalar((self.scaler.value if self.scaler else 1.0) *
-                      (1.0 if counter else self.mean_weight))
 
     def update_weights(self, grads):
         """Sum over the replicas, unscale (fp16), sum tied copies, clip, step."""

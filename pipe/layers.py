@@ -51,13 +51,10 @@ class Sequential(nn.SequentialCell):
 
 
 def no_bool_gradient(values):   # a bool (a mask): no gradient, as autograd has no bool Add
-    out = ()
-    for v in values:
-        out = out + ((ops.stop_gradient(v) if v.dtype == ms.bool_ else v),)
-    return out
+    return tuple([ops.stop_gradient(v) if v.dtype == ms.bool_ else v for v in values])
 
 
-def has_bool(values):   # (a constant while compiling)
+def has_bool(values):   # (a constant while compiling: a loop, not any())
     found = False
     for v in values:
         found = found or v.dtype == ms.bool_
@@ -246,10 +243,7 @@ class Buffers(nn.Cell):
 
     def save(self):
         """A copy of each buffer's value now."""
-        copies = ()
-        for buffer in self.values:
-            copies = copies + (ops.deepcopy(buffer.value()),)
-        return copies
+        return tuple([ops.deepcopy(buffer.value()) for buffer in self.values])
 
     def put_back(self, copies, after):
         """Each buffer assigned its saved copy in place, once `after` is done."""

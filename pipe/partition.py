@@ -8,7 +8,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipe.layers import Sequential, is_plain_sequence, leaves
+from pipe.layers import Sequential, is_plain_sequence
 from pipe.private import amp_level
 
 __all__ = ["check_model", "check_layer", "partition", "balance", "stage_bounds", "profile_layers",
@@ -31,28 +31,26 @@ def check_model(model):
 
 
 def check_layer(i, layer):
-    """Refuse the model's layer i, or a leaf of it, that pipe could not train exactly."""
+    """Refuse the model's layer i (or a part of it) that pipe could not train exactly."""
     for name, cell in layer.cells_and_names():       # (pipe takes a plain sequence apart)
         if is_plain_sequence(cell):
             refuse_amp(cell, f"layer {i}{'.' + name if name else ''}")
-    for leaf in leaves([layer]):
-        for p in leaf.trainable_params():
-            if p.dtype != ms.float32:
-                raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe keeps "
-                                "float32 master weights (the optimizer's small steps vanish in "
-                                "float16); build the layer in float32 and set precision='fp16' "
-                                "for float16 compute")
+    for p in layer.trainable_params():
+        if p.dtype != ms.float32:
+            raise TypeError(f"parameter {p.name!r} of layer {i} is {p.dtype}: pipe keeps float32 "
+                            "master weights (the optimizer's small steps vanish in float16); "
+                            "build the layer in float32 and set precision='fp16' for float16 "
+                            "compute")
 
 
 def refuse_amp(cell, what):
     """Refuse a cell pipe takes apart that is set for MindSpore's automatic mixed precision:
     MindSpore compiles the level with that cell, so its layers alone would lose it."""
-    level = amp_level(cell)
-    if level not in ("", "O0"):
+    if amp_level(cell) not in ("", "O0"):
         raise TypeError(f"{what} is set for mindspore.amp.auto_mixed_precision (level "
-                        f"{level!r}), which its layers lose when pipe cuts it into stages: pass "
-                        "it as built and set precision='fp16' (pipe casts every layer to "
-                        "float16 and scales the loss)")
+                        f"{amp_level(cell)!r}), which its layers lose when pipe cuts it into "
+                        "stages: pass it as built and set precision='fp16' (pipe casts every "
+                        "layer to float16 and scales the loss)")
 
 
 def balance(costs, stages):

@@ -59,6 +59,5 @@ def relu_grad():
 def amp_level(cell):
     """The level `mindspore.amp.auto_mixed_precision` set on `cell`, '' for none (MindSpore's
     `_amp_level`; in public, an 'auto' level's `amp_strategy` alone)."""
-    if PUBLIC_ONLY:
-        return "auto" if getattr(cell, "amp_strategy", None) is not None else ""
-    return getattr(cell, "_amp_level", "") or ""
+    public = "auto" if getattr(cell, "amp_strategy", None) is not None else ""
+    return public if PUBLIC_ONLY else getattr(cell, "_amp_level", "") or ""

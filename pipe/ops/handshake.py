@@ -320,7 +320,7 @@ class StageCheck:
         if rows[:, 0].any():
             rank = int(np.argmax(rows[:, 0] > 0))
             raise PeerFailed(f"the check before the first step failed on rank {rank} "
-                             f"({self.stage(int(rows[rank, 0]) - 1)}): rank {rank}'s error says why")
+                             f"({self.stage(rows[rank, 0] - 1)}): rank {rank}'s error says why")
         if (rows[:, 2] != rows[0, 2]).any():
             rank = int(np.argmax(rows[:, 2] != rows[0, 2]))
             raise alike(ValueError(

@@ -51,11 +51,6 @@ def is_alike(error):
     return getattr(error, "on_every_rank", False)
 
 
-def has_deadlines(wire):
-    """Whether the wire's own waits end: one process, or a DeadlineWire (which has `abort`)."""
-    return wire.size == 1 or hasattr(wire, "abort")
-
-
 def end_job(wire, code, reason="", grace=2.0):
     """End every process of the job: through the wire's notices on CPU (after `grace`
     seconds for peers to say where they were); on GPU/Ascend by exiting (msrun ends the rest)."""
@@ -111,7 +106,8 @@ class Watch:
     def __init__(self, wire, stage, replica, timeout):
         self.wire, self.stage = wire, stage
         self.head = f"rank {wire.rank} (stage {stage}, replica {replica})"
-        self.watchdog = None if has_deadlines(wire) else Watchdog(timeout, self.describe)
+        ends = wire.size == 1 or hasattr(wire, "abort")   # (its own waits end: a DeadlineWire)
+        self.watchdog = None if ends else Watchdog(timeout, self.describe)
 
     def begin(self, schedule):
         if self.watchdog:
