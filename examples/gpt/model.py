@@ -282,6 +282,13 @@ def paragraphs(context=max(BUCKETS)):
     return [p for p in out if len(p) > 8]
 
 
+def held_out(pieces, share=10):
+    """(training pieces, validation pieces): the last 1/`share` of the text held out, as
+    nanoGPT holds out the end of its text."""
+    cut = len(pieces) - len(pieces) // share
+    return pieces[:cut], pieces[cut:]
+
+
 def pad(pieces, length):
     """(ids, targets): each piece's bytes and the next byte, padded to `length`."""
     ids = np.full((len(pieces), length), PAD, np.int32)

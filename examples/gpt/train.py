@@ -7,7 +7,8 @@
 
 Byte-level, with sequences bucketed to 32 or 64 bytes (model.py): the stages agree on
 each length the first time it comes. The loss is the token mean over the real bytes of
-the whole batch. At the end it prints a short sample, generated with `engine.predict`.
+the whole batch. Every --eval-every steps it prints the loss on held-out text, and at the
+end a short sample, both with `engine.predict`.
 """
 import os
 import sys
@@ -34,6 +35,8 @@ def parser():
     p.add_argument("--save", type=writable_folder, metavar="DIR", help="checkpoint here at the end")
     p.add_argument("--device", choices=["auto", "CPU", "GPU", "Ascend"], default="auto")
     p.add_argument("--log-every", type=positive_int, default=25)
+    p.add_argument("--eval-every", type=count, default=100, metavar="N",
+                   help="the loss on held-out text every N steps and at the end (0: never)")
     return p
 
 
@@ -71,6 +74,16 @@ def generate(engine, prompts, length, rng):
     return [bytes(t).decode("utf-8", "replace") for t in texts]
 
 
+def held_out_loss(engine, batches):
+    """The token mean loss on held-out `batches`, in eval mode (no dropout), as nanoGPT's
+    estimate_loss: `predict` on every stage, the loss on its logits."""
+    total = count = 0.0
+    for ids, targets in batches:
+        summed, counted = model.TokenLoss()(ms.Tensor(engine.predict(ids)), ms.Tensor(targets))
+        total, count = total + float(summed.asnumpy()), count + float(counted.asnumpy())
+    return total / count
+
+
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
     PROGRESS.at = BUILDING
@@ -81,11 +94,13 @@ def train(args, wire=None):
     engine = PipelineEngine(model.gpt_layers(args.layers, args.width), model.TokenLoss(),
                             lambda params: model.optimizer(params, args.lr), config, wire)
     say = print if engine.wire.rank == 0 else (lambda *a, **k: None)
-    pieces = model.paragraphs()
+    pieces, held = model.held_out(model.paragraphs())
     say(f"config: {config}\nmodel: GPT, {args.layers} blocks of width {args.width}, layers per "
         f"stage {engine.layout.all_bounds}; text: Python's documentation, {len(pieces)} "
-        f"paragraphs, {sum(map(len, pieces))} bytes")
+        f"paragraphs, {sum(map(len, pieces))} bytes ({len(held)} more held out)")
     stream = model.batches(pieces, args.batch_size, args.seed)
+    validation = model.batches(held, args.batch_size, args.seed)
+    validation = [next(validation) for _ in range(4)]     # the same 4 batches each time
     say("compiling: the first step, and the first of each new sequence length, take longer",
         flush=True)
     start = last = time.perf_counter()
@@ -99,6 +114,9 @@ def train(args, wire=None):
             say(f"step {step:5d}  length {ids.shape[1]:3d}  loss {loss:.4f}  "
                 f"{now - start:5.1f} s", flush=True)
             last = now
+        if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+            say(f"step {step:5d}  held-out loss {held_out_loss(engine, validation):.4f}",
+                flush=True)
     say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
         save(engine, args.save, args.steps)
