@@ -278,7 +278,7 @@ class PipelineEngine:
                     counter, one_graph=False)
 
     # ---- beyond the step --------------------------------------------------------------
-    predict = predict.predict            # (pipe.ops.predict)
+    predict, evaluate = predict.predict, predict.evaluate    # (pipe.ops.predict)
 
     def all_reduce(self, what, tensor, ranks):
         with self.watch.reported(what, catch=WireTimeout):

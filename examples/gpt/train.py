@@ -7,8 +7,9 @@
 
 Byte-level, with sequences bucketed to 32 or 64 bytes (model.py): the stages agree on
 each length the first time it comes. The loss is the token mean over the real bytes of
-the whole batch. Every --eval-every steps it prints the loss on held-out text, and at the
-end a short sample, both with `engine.predict`.
+the whole batch. Every --eval-every steps it prints the loss on held-out text
+(`engine.evaluate`, as nanoGPT's estimate_loss), and at the end a short sample, generated
+with `engine.predict`.
 """
 import os
 import sys
@@ -74,16 +75,6 @@ def generate(engine, prompts, length, rng):
     return [bytes(t).decode("utf-8", "replace") for t in texts]
 
 
-def held_out_loss(engine, batches):
-    """The token mean loss on held-out `batches`, in eval mode (no dropout), as nanoGPT's
-    estimate_loss: `predict` on every stage, the loss on its logits."""
-    total = count = 0.0
-    for ids, targets in batches:
-        summed, counted = model.TokenLoss()(ms.Tensor(engine.predict(ids)), ms.Tensor(targets))
-        total, count = total + float(summed.asnumpy()), count + float(counted.asnumpy())
-    return total / count
-
-
 def train(args, wire=None):
     """Train as `args` say, then sample; returns the engine. `wire` overrides the launcher's."""
     PROGRESS.at = BUILDING
@@ -115,8 +106,8 @@ def train(args, wire=None):
                 f"{now - start:5.1f} s", flush=True)
             last = now
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-            say(f"step {step:5d}  held-out loss {held_out_loss(engine, validation):.4f}",
-                flush=True)
+            held_out = np.mean([engine.evaluate(*batch) for batch in validation])   # eval mode
+            say(f"step {step:5d}  held-out loss {held_out:.4f}", flush=True)
     say(f"{args.steps} steps in {time.perf_counter() - start:.1f} s (each new length compiles once)")
     if args.save:
         save(engine, args.save, args.steps)

@@ -1,14 +1,17 @@
-"""Forward-only pipelining: the model's outputs on a batch, every micro-batch through each
-chunk in turn with the layers in eval mode (no dropout, batch norm from its statistics)."""
+"""Forward-only pipelining: the model's outputs on a batch, or its loss, every micro-batch
+through each chunk in turn with the layers in eval mode (no dropout, batch norm from its
+statistics)."""
 from dataclasses import replace
 
+import mindspore as ms
 from mindspore import ops
 
 from pipe.actions import Loop
-from pipe.batch import MicroBatches
+from pipe.batch import MicroBatches, as_tensor
+from pipe.ops.watchdog import alike
 from pipe.schedule import Action, lower
 
-__all__ = ["forward_only", "split_for_predict", "predict", "Predicting"]
+__all__ = ["forward_only", "split_for_predict", "outputs", "predict", "evaluate", "Predicting"]
 
 
 def forward_only(schedule):
@@ -41,9 +44,9 @@ def split_for_predict(config, inputs):
                         [slice(m * size, (m + 1) * size) for m in range(M)])
 
 
-def predict(engine, inputs, broadcast=True):
-    """`engine.predict`: the model's outputs on `inputs` as numpy, on every rank or
-    (`broadcast` off) on the last stage alone, through the training step's handlers."""
+def outputs(engine, inputs):
+    """The model's outputs on `inputs`, a tensor on the last stage (None elsewhere), every
+    micro-batch through each chunk in eval mode; and this pipeline's ranks and output spec."""
     batch = split_for_predict(engine.config, inputs)
     schedule = engine.layout.forward_only
     if batch.shapes not in engine.predicting:        # agreed once per shape, in eval mode
@@ -57,10 +60,28 @@ def predict(engine, inputs, broadcast=True):
     engine.watch.begin(schedule)
     state = actions.run_all(actions.start(), (batch.inputs,))
     engine.watch.end(schedule)
-    last = engine.chunks[-1].is_last
-    out = ops.cat(state["outputs"]) if last else None
+    return ops.cat(state["outputs"]) if engine.chunks[-1].is_last else None, p2p.ranks, output_spec
+
+
+def predict(engine, inputs, broadcast=True):
+    """`engine.predict`: the model's outputs on `inputs` as numpy, on every rank or
+    (`broadcast` off) on the last stage alone, through the training step's handlers."""
+    out, ranks, (shape, dtype) = outputs(engine, inputs)
     if not broadcast:
-        return out.asnumpy() if last else None
-    shape, dtype = output_spec
-    out = out if last else ops.zeros((len(inputs),) + shape[1:], dtype)
-    return engine.all_reduce("the broadcast of the outputs", out, p2p.ranks).asnumpy()
+        return None if out is None else out.asnumpy()
+    out = out if out is not None else ops.zeros((len(inputs),) + shape[1:], dtype)
+    return engine.all_reduce("the broadcast of the outputs", out, ranks).asnumpy()
+
+
+def evaluate(engine, inputs, labels):
+    """`engine.evaluate`: the loss on (`inputs`, `labels`) in eval mode, on every rank, as one
+    process's loss_fn(model(inputs), labels) (sum / count for a (sum, count) loss), DeepSpeed's
+    eval_batch: the outputs stay on the last stage, one number travels; no weight moves."""
+    if len(labels) != len(inputs):
+        raise alike(ValueError(f"evaluate got {len(inputs)} inputs and {len(labels)} labels: "
+                               "give one row of labels per row of inputs"))
+    out, loss = outputs(engine, inputs)[0], ops.zeros(1, ms.float32)
+    if out is not None and engine.replica == 0:          # (every replica ran the whole batch)
+        loss = engine.loss_fn(out.astype(ms.float32), as_tensor(labels))
+        loss = (loss[0] / loss[1] if isinstance(loss, tuple) else loss).reshape(1)
+    return float(engine.all_reduce("the evaluation's loss", loss, engine.all_ranks).asnumpy()[0])
