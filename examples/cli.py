@@ -2,6 +2,7 @@
 value and the fix, exit code 2) and to Ctrl-C (one line on rank 0, exit code 130)."""
 import argparse
 import os
+import re
 import shutil
 import signal
 import sys
@@ -9,11 +10,11 @@ import tempfile
 import time
 from dataclasses import fields
 
-from pipe.config import PipelineConfig, as_flags
+from pipe.config import PipelineConfig
 from pipe.ops.watchdog import is_alike
 from pipe.schedules import SCHEDULES
 
-__all__ = ["Parser", "positive_int", "count", "positive_number", "existing_file", "writable_folder",
+__all__ = ["as_flags", "Parser", "positive_int", "count", "positive_number", "existing_file", "writable_folder",
            "add_layout_flags", "add_compute_flags",
            "config_from", "use_device", "plan_memory", "run", "precision_name", "report",
            "launch_rank", "PROGRESS", "BUILDING", "stop_on_ctrl_c", "save"]
@@ -32,6 +33,18 @@ def launch_rank():
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
+
+
+def as_flags(message):
+    """An error naming config fields (`batch_size=30`) as a program's flags (`--batch-size 30`)."""
+    names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
+    return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?", _flag, message)
+
+
+def _flag(match):
+    """`name=value` as its flag: `--name value`; a switch on or off, `--name` or `--no-name`."""
+    flag, value = match.group(1).replace("_", "-"), match.group(2)
+    return {"True": f"--{flag}", "False": f"--no-{flag}"}.get(value, f"--{flag} {value}")
 
 
 def report(error):

@@ -10,9 +10,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/cli.py
-from cli import Parser, positive_number, run  # noqa: E402
+from cli import Parser, as_flags, positive_number, run  # noqa: E402
 from pipe import schedules  # noqa: E402
-from pipe.config import PipelineConfig, as_flags  # noqa: E402
+from pipe.config import PipelineConfig  # noqa: E402
 from pipe.ops.simulator import Deadlock, checked_schedule, format_table, simulate  # noqa: E402
 
 

@@ -73,10 +73,7 @@ class Chunk:
                 layer.set_train(training)
             self.training = training
 
-    @property
-    def state(self):
-        """What a checkpoint holds of this chunk: parameters, then buffers."""
-        return self.params + self.buffers
+    state = property(lambda self: self.params + self.buffers)   # what a checkpoint holds of it
 
     def infer(self, x):
         """F in eval mode (predict): the chunk's output, the model's on the last chunk; what

@@ -1,25 +1,12 @@
 """Everything that decides how a model is pipelined, in one object, checked before any message.
 `defer_wgrad` and `one_graph` left None are decided by pipe when the engine is built
 (pipe.modes); every choice trains one process's model."""
-import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional, Union
 
 from pipe.schedules import CHUNKS_PER_STAGE
 
-__all__ = ["PipelineConfig", "as_flags"]
-
-
-def as_flags(message):
-    """An error naming config fields (`batch_size=30`) as a program's flags (`--batch-size 30`)."""
-    names = sorted((f.name for f in fields(PipelineConfig)), key=len, reverse=True)
-    return re.sub(rf"\b({'|'.join(names)})='?([^'\s:;,]*)'?", _flag, message)
-
-
-def _flag(match):
-    """`name=value` as its flag: `--name value`; a switch on or off, `--name` or `--no-name`."""
-    flag, value = match.group(1).replace("_", "-"), match.group(2)
-    return {"True": f"--{flag}", "False": f"--no-{flag}"}.get(value, f"--{flag} {value}")
+__all__ = ["PipelineConfig"]
 
 
 @dataclass

@@ -39,9 +39,7 @@ class Action:
         mb = "*" if self.mb is None else self.mb
         return f"{self.kind}{mb}" + (f":{self.chunk}" if self.chunk else "")
 
-    @property
-    def is_compute(self):
-        return self.kind[0] not in "sr"
+    is_compute = property(lambda self: self.kind[0] not in "sr")    # (not a message)
 
 
 @dataclass
@@ -54,9 +52,7 @@ class Schedule:
     actions: list                  # actions[stage] -> [Action, ...]
     chunks_per_stage: int = 1
 
-    @property
-    def virtual_stages(self):
-        return self.stages * self.chunks_per_stage
+    virtual_stages = property(lambda self: self.stages * self.chunks_per_stage)
 
     def stage_of(self, virtual_stage):
         return virtual_stage % self.stages

@@ -21,9 +21,7 @@ class VSchedule(Schedule):
     2P-1-s, so the last stage hands the activation between its two chunks itself."""
 
     def stage_of(self, virtual_stage):
-        if virtual_stage >= self.stages:
-            return 2 * self.stages - 1 - virtual_stage
-        return virtual_stage
+        return virtual_stage if virtual_stage < self.stages else 2 * self.stages - 1 - virtual_stage
 
     def virtual_stage(self, stage, chunk):
         return 2 * self.stages - 1 - stage if chunk == 1 else stage

@@ -1,10 +1,15 @@
 """PipelineConfig: the one place that resolves defaults and checks values up front."""
 import dataclasses
 import os
+import sys
 
 import pytest
 
-from pipe.config import PipelineConfig, as_flags
+from pipe.config import PipelineConfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+from cli import as_flags  # noqa: E402   (examples/cli.py: the programs show fields as flags)
 
 
 def test_library_errors_name_config_fields_and_programs_show_their_flags():

@@ -12,6 +12,7 @@ would give each rank an unsynchronized copy: refused, as are partitions that wei
 layer."""
 import gc
 import weakref
+from typing import NamedTuple
 
 import mindspore as ms
 import numpy as np
@@ -27,12 +28,11 @@ NOT_NEW = ("a builder makes its layer's weights when called, so build the layer 
            "pipe.features.builders.Tied(owner, builder): builder(the owner layer) uses its weights")
 
 
-class Tied:
+class Tied(NamedTuple):
     """The builder of a layer that uses weights of the earlier layer `owner`:
     `builder(owner layer)` returns it."""
-
-    def __init__(self, owner, builder):
-        self.owner, self.builder = owner, builder
+    owner: int
+    builder: object
 
 
 def layer_seed(seed, index):
@@ -88,16 +88,12 @@ class LayerBuilders:
         shared = {id(p) for p in owner.get_parameters()} if owner is not None else set()
         others = {id(p) for built in self.built.values() for p in built.get_parameters()}
         for p in layer.get_parameters():
-            if id(p) in shared:
-                continue
-            if id(p) in self.existing and self.existing[id(p)]() is p:
-                held = "was made before the builders ran"
-            elif id(p) in others:
-                held = "another built layer holds too"
-            else:
-                continue
-            raise TypeError(f"layer builder {i} returned a layer with parameter {p.name!r}, "
-                            f"which {held}: {NOT_NEW}")
+            before = id(p) in self.existing and self.existing[id(p)]() is p
+            if id(p) not in shared and (before or id(p) in others):
+                held = "was made before the builders ran" if before else \
+                    "another built layer holds too"
+                raise TypeError(f"layer builder {i} returned a layer with parameter {p.name!r}, "
+                                f"which {held}: {NOT_NEW}")
 
     def name_cells(self):
         """The built layers by index, as an nn.SequentialCell names its layers."""
