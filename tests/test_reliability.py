@@ -340,6 +340,17 @@ def test_a_new_run_saving_where_another_run_saved_keeps_only_its_own_checkpoint(
     assert (where / "step-000003").exists() and (where / "step-000004").exists()
 
 
+def test_an_optimizer_file_holds_its_state_not_the_weights_again(saved):
+    """The weights are in the virtual stages' files (and model.ckpt); each stage's optimizer
+    file holds Adam's moments and counters alone, a third smaller."""
+    import mindspore as ms
+    weights = set(ms.load_checkpoint(str(saved[1] / "model.ckpt")))
+    for stage in (0, 1):
+        names = set(ms.load_checkpoint(str(saved[1] / f"optimizer-{stage}.ckpt")))
+        assert "beta1_power" in names and not names & weights, stage
+        assert {n for n in names if n.startswith("moment1.")}, stage
+
+
 def test_resume_from_a_step_directory(saved):
     """`--resume` given a step directory (an older one, when the newest is damaged)."""
     done = run_example(2, *SMALL, "--stages", 2, "--steps", 3, "--resume", saved[1])

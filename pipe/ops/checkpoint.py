@@ -65,13 +65,15 @@ def save_params(path, named):
 
 
 def save_rank(where, layout, optimizer):
-    """This rank's files: each chunk's parameters and buffers, and its optimizer state
-    (replica 0 only: the replicas hold the same)."""
+    """This rank's files: each chunk's parameters and buffers, and its optimizer's state but
+    the weights (replica 0 only: the replicas hold the same)."""
     if layout.replica:
         return
     for vs, chunk, names in zip(layout.virtual_stages_held, layout.chunks, layout.names):
         save_params(virtual_stage_file(where, vs), zip(names, chunk.state))
-    save_params(optimizer_file(where, layout.stage), optimizer.parameters_and_names())
+    weights = {id(p) for p in layout.params}        # (in the virtual stages' files: not again)
+    save_params(optimizer_file(where, layout.stage),
+                [(n, p) for n, p in optimizer.parameters_and_names() if id(p) not in weights])
 
 
 def load_params(params, saved, source, fix):
@@ -88,13 +90,13 @@ def load_params(params, saved, source, fix):
 def load_rank(where, params, optimizer):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
     parameters from the merged model, the optimizer state (named after its parameters) from
-    every stage's file."""
-    load_params(params, ms.load_checkpoint(os.path.join(where, "model.ckpt")),
-                f"checkpoint {where!r}",
+    every stage's file. (MindSpore loads a name it does not find from a similar one: the
+    optimizer is given every name it holds, its weights too.)"""
+    state = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
+    load_params(params, state, f"checkpoint {where!r}",
                 "resume with the model that saved it, or start without resuming")
-    state = {}
-    for path in sorted(glob.glob(optimizer_file(where, "*"))):
-        state.update(ms.load_checkpoint(path))
+    for path in sorted(glob.glob(optimizer_file(where, "*"))):   # (with the weights it steps:
+        state.update(ms.load_checkpoint(path))                   # every name found as it is)
     missing, _ = ms.load_param_into_net(optimizer, state)
     if missing:
         raise CheckpointError(f"checkpoint {where!r} has no optimizer state {missing[:3]}: it was "
