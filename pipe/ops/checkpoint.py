@@ -90,14 +90,14 @@ def load_params(params, saved, source, fix):
 def load_rank(where, params, optimizer):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
     parameters from the merged model, the optimizer state (named after its parameters) from
-    every stage's file. (MindSpore loads a name it does not find from a similar one: the
-    optimizer is given every name it holds, its weights too.)"""
+    every stage's file, with the weights it steps: every name found as it is (not strictly,
+    MindSpore loads a name it does not find from one with another prefix)."""
     state = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
     load_params(params, state, f"checkpoint {where!r}",
                 "resume with the model that saved it, or start without resuming")
-    for path in sorted(glob.glob(optimizer_file(where, "*"))):   # (with the weights it steps:
-        state.update(ms.load_checkpoint(path))                   # every name found as it is)
-    missing, _ = ms.load_param_into_net(optimizer, state)
+    for path in sorted(glob.glob(optimizer_file(where, "*"))):
+        state.update(ms.load_checkpoint(path))
+    missing, _ = ms.load_param_into_net(optimizer, state, strict_load=True)
     if missing:
         raise CheckpointError(f"checkpoint {where!r} has no optimizer state {missing[:3]}: it was "
                               "saved with another optimizer; resume with the one that saved it")
