@@ -308,7 +308,7 @@ class PipelineEngine:
         returns its meta."""
         where, meta = agreed(self.wire, lambda: checkpoint.latest(directory),
                              "finding the checkpoint to resume")      # (a missing one: said once)
-        checkpoint.load_rank(where, self.parameters_dict(), self.optimizer)
+        checkpoint.load_rank(where, self.parameters_dict(), self.optimizer, self.stage)
         self.step = meta["step"]
         if self.scaler:
             self.scaler.load(meta)

@@ -351,6 +351,18 @@ def test_an_optimizer_file_holds_its_state_not_the_weights_again(saved):
         assert {n for n in names if n.startswith("moment1.")}, stage
 
 
+def test_a_learning_rate_per_group_resumes_on_each_stage(tmp_path):
+    """Stage 0 has two groups, stage 1 one: each stage's `learning_rate_group_0` is its own
+    (read from another stage's file, stage 0's matrices went on at 0.01)."""
+    done = run_check("resume_check.py", 2, tmp_path / "ckpt", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.outs[0].splitlines()[-1] == ("rank 0: {'learning_rate_group_0': 0.1, "
+                                            "'learning_rate_group_1': 0.01} {'learning_rate_group_0'"
+                                            ": 0.1, 'learning_rate_group_1': 0.01}")
+    assert done.outs[1].splitlines()[-1] == ("rank 1: {'learning_rate_group_0': 0.01} "
+                                            "{'learning_rate_group_0': 0.01}")
+
+
 def test_resume_from_a_step_directory(saved):
     """`--resume` given a step directory (an older one, when the newest is damaged)."""
     done = run_example(2, *SMALL, "--stages", 2, "--steps", 3, "--resume", saved[1])

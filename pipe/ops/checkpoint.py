@@ -87,15 +87,17 @@ def load_params(params, saved, source, fix):
         p.set_data(saved[name])
 
 
-def load_rank(where, params, optimizer):
+def load_rank(where, params, optimizer, stage):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
     parameters from the merged model, the optimizer state (named after its parameters) from
-    every stage's file, with the weights it steps: every name found as it is (not strictly,
+    every stage's file, `stage`'s last (a group's learning rate is named by its place in the
+    stage's groups), with the weights it steps: every name found as it is (not strictly,
     MindSpore loads a name it does not find from one with another prefix)."""
     state = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
     load_params(params, state, f"checkpoint {where!r}",
                 "resume with the model that saved it, or start without resuming")
-    for path in sorted(glob.glob(optimizer_file(where, "*"))):
+    own = optimizer_file(where, stage)
+    for path in sorted(glob.glob(optimizer_file(where, "*")), key=lambda path: path == own):
         state.update(ms.load_checkpoint(path))
     missing, _ = ms.load_param_into_net(optimizer, state, strict_load=True)
     if missing:
