@@ -175,9 +175,10 @@ def pipe_run(spec, communicator):
     """Train `spec` ({"config": PipelineConfig fields, "optimizer", "seed", "save",
     "builders": the model as layer builders, "batch_norm": its first with batch norm,
     "padded": a (sum, count) loss, "count_held": count the model parameters this rank
-    holds, "flat": the blocks' layers one by one, "frozen": the first layer untrained, "replica_seeds": each replica builds the model from seed + its index}) on the ranks
-    of `communicator`; saves the
-    model after the last step. Returns the engine and this rank's results."""
+    holds, "flat": the blocks' layers one by one, "frozen": the first layer untrained,
+    "replica_seeds": each replica builds the model from seed + its index}) on the ranks of
+    `communicator`; saves the model after the last step. Returns the engine and this rank's
+    results."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     config = loop_config(batch_size=BATCH, seed=spec["seed"], **spec["config"])
@@ -191,8 +192,7 @@ def pipe_run(spec, communicator):
     model = (layer_builders(spec.get("batch_norm", False)) if spec.get("builders") else
              dropout_model(spec["seed"]) if spec.get("dropout") else
              flat_model(spec["seed"]) if spec.get("flat") else
-             build_model(spec["seed"] + replica, spec.get("frozen", False)))   # (replica_seeds:
-                                                                # each its own weights)
+             build_model(spec["seed"] + replica, spec.get("frozen", False)))
     engine = PipelineEngine(model, TokenLoss() if spec.get("padded") else LOSS,
                             optimizer(spec["optimizer"]), config,
                             DeadlineWire(120.0, communicator), sample=sample)
