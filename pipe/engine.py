@@ -59,7 +59,7 @@ def prepare_process(config, wire):
 def stage_optimizer(make_optimizer, params):
     """`make_optimizer(params)`, and the index in `params` of each gradient it takes, in its
     order (parameter groups reorder them); refused unless it holds each of `params` once. A
-    stage without weights (activations, pooling) steps nothing: an optimizer refuses none."""
+    stage without weights gets nn.Identity, never called: MindSpore's optimizers refuse none."""
     if not params:
         return ms.nn.Identity(), []
     optimizer, index = make_optimizer(params), {id(p): k for k, p in enumerate(params)}
@@ -206,7 +206,8 @@ class PipelineEngine:
                 grads = clip_by_global_norm(self.wire, grads, self.layout.norm_once,
                                             self.config.clip_grad_norm, self.all_ranks,
                                             self.config.data_parallel)
-            self.update(ms.mutable(tuple(grads[k] for k in self.gradient_order)))
+            if self.gradient_order:           # (a stage without weights: nothing to step)
+                self.update(ms.mutable(tuple(grads[k] for k in self.gradient_order)))
 
     def step_loss(self, losses, weight):
         """The step's loss on every rank, every rank's losses summed x `weight`; batch norm's
