@@ -14,9 +14,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cli import Parser, existing_file, run  # noqa: E402
 
 
+STEP_LOSS = re.compile(r"step\s+(\d+)\s+(?:length\s+\d+\s+)?loss ([0-9.]+)")  # (not a held-out loss)
+
+
 def losses(log):
     with open(log) as f:
-        return [float(m[2]) for m in re.finditer(r"step\s+(\d+)\s[^\n]*?loss ([0-9.]+)", f.read())]
+        return [float(m[2]) for m in STEP_LOSS.finditer(f.read())]
 
 
 def load(path):
