@@ -30,6 +30,6 @@ def test_predict_cuts_the_whole_batch_and_refuses_a_remainder():
     config = PipelineConfig(data_parallel=2, micro_batches=2, batch_size=8)
     batch = split_for_predict(config, np.arange(6, dtype=np.float32).reshape(6, 1))
     assert [b.asnumpy().ravel().tolist() for b in batch.inputs] == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(ValueError, match=r"^predict got 5 inputs, not divisible into "
-                                         r"micro_batches=2: pass a multiple of 2$"):
+    with pytest.raises(ValueError, match=r"^5 inputs do not divide into micro_batches=2: "
+                                         r"pass predict or evaluate a multiple of 2 rows$"):
         split_for_predict(config, np.zeros((5, 1)))

@@ -37,8 +37,8 @@ def split_for_predict(config, inputs):
     """The whole of `inputs` in M micro-batches, on every replica; no labels."""
     M = config.micro_batches
     if len(inputs) % M:
-        raise ValueError(f"predict got {len(inputs)} inputs, not divisible into micro_batches="
-                         f"{M}: pass a multiple of {M}")
+        raise ValueError(f"{len(inputs)} inputs do not divide into micro_batches={M}: pass "
+                         f"predict or evaluate a multiple of {M} rows")
     size = len(inputs) // M
     return MicroBatches((inputs, None),
                         [slice(m * size, (m + 1) * size) for m in range(M)])
