@@ -32,7 +32,7 @@ def check_model(model):
 
 def check_layer(i, layer):
     """Refuse the model's layer i (or a part of it) that pipe could not train exactly."""
-    for name, cell in layer.cells_and_names():       # (pipe takes a plain sequence apart)
+    for name, cell in layer.cells_and_names():       # (a plain sequence pipe may take apart)
         if is_plain_sequence(cell):
             refuse_amp(cell, f"layer {i}{'.' + name if name else ''}")
     for p in layer.trainable_params():

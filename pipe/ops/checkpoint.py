@@ -91,13 +91,13 @@ def load_rank(where, params, optimizer, stage):
     """Load this rank's share of the checkpoint in `where`, whatever layout saved it: the
     parameters from the merged model, the optimizer state (named after its parameters) from
     every stage's file, `stage`'s last (a group's learning rate is named by its place in the
-    stage's groups), with the weights it steps: every name found as it is (not strictly,
-    MindSpore loads a name it does not find from one with another prefix)."""
+    stage's groups), and the weights it steps: loaded strictly, every name as it is (else
+    MindSpore fills a name it does not find from one with another prefix)."""
     state = ms.load_checkpoint(os.path.join(where, "model.ckpt"))
     load_params(params, state, f"checkpoint {where!r}",
                 "resume with the model that saved it, or start without resuming")
     own = optimizer_file(where, stage)
-    for path in sorted(glob.glob(optimizer_file(where, "*")), key=lambda path: path == own):
+    for path in sorted(glob.glob(optimizer_file(where, "*")), key=lambda file: file == own):
         state.update(ms.load_checkpoint(path))
     missing, _ = ms.load_param_into_net(optimizer, state, strict_load=True)
     if missing:

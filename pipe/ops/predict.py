@@ -82,6 +82,6 @@ def evaluate(engine, inputs, labels):
                                "give one row of labels per row of inputs"))
     out, loss = outputs(engine, inputs)[0], ops.zeros(1, ms.float32)
     if out is not None and engine.replica == 0:          # (every replica ran the whole batch)
-        loss = engine.loss_fn(out.astype(ms.float32), as_tensor(labels))
+        loss = engine.loss_fn(out, as_tensor(labels))    # (fp16's logits: float32 already)
         loss = (loss[0] / loss[1] if isinstance(loss, tuple) else loss).reshape(1)
     return float(engine.all_reduce("the evaluation's loss", loss, engine.all_ranks).asnumpy()[0])
